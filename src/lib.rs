@@ -1,0 +1,10 @@
+//! hypercomm: process-group topology for distributed training, without global state.
+//!
+//! This crate re-exports the member crates so that an application needs one dependency:
+//!
+//! - [`store`]: rendezvous. The key-value store every communicator bootstraps through.
+//!
+//! Nothing in hypercomm is global: every grid, store and communicator is a value you own and pass along, so any
+//! number of worlds live side by side in one process.
+
+pub use hypercomm_store as store;
