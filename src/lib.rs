@@ -3,8 +3,10 @@
 //! This crate re-exports the member crates so that an application needs one dependency:
 //!
 //! - [`store`]: rendezvous. The key-value store every communicator bootstraps through.
+//! - [`comm`]: communicators. One `Communicator` face; the host backend runs on shared memory and TCP.
 //!
 //! Nothing in hypercomm is global: every grid, store and communicator is a value you own and pass along, so any
 //! number of worlds live side by side in one process.
 
+pub use hypercomm_comm as comm;
 pub use hypercomm_store as store;

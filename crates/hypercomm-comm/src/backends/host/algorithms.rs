@@ -1,0 +1,663 @@
+//! The host collectives, each written once against [`Transport`] rounds, and the size-based algorithm selector.
+//!
+//! Every collective runs at least one round, so ranks that disagree are caught even for empty buffers. Large
+//! buffers are cut into pieces that fit the transport's per-round capacity.
+//!
+//! All-reduce has two paths:
+//! - latency: each round every rank publishes a whole piece and every rank reduces all of them (in rank order, so
+//!   results are bit-identical everywhere). One synchronisation per piece; each rank reads `n` times the data.
+//! - bandwidth: reduce-scatter plus all-gather, pipelined: in round `t` each rank publishes its reduced chunk of
+//!   piece `t - 1` together with piece `t`, reduces its own chunk of piece `t`, and copies the peers' reduced chunks
+//!   of piece `t - 1`. Each rank reads about twice the data and reduces only `1/n` of it.
+//!
+//! The selector ([`Algorithm::Auto`]) takes the latency path while `bytes * (n - 1) <= LATENCY_READ_LIMIT`, the
+//! point where reading every peer's whole buffer starts to cost more than the bandwidth path's extra round.
+
+use std::ops::Range;
+
+use super::header::{Header, OpKind};
+use super::transport::{Peers, Round, Seg, Transport};
+use crate::CommError;
+use crate::element::{DType, ReduceOp};
+use crate::options::Algorithm;
+use crate::reduce::{ReduceFault, Src, reduce};
+
+/// The latency path's budget: bytes each rank may read from peers in one all-reduce (see the module docs).
+pub(crate) const LATENCY_READ_LIMIT: usize = 64 * 1024;
+
+/// Elements `[i * len / n, (i + 1) * len / n)`: the `i`-th of `n` nearly equal parts of `len`.
+pub(crate) fn part(len: usize, n: usize, i: usize) -> Range<usize> {
+    (i * len / n)..((i + 1) * len / n)
+}
+
+fn scale(r: Range<usize>, s: usize) -> Range<usize> {
+    r.start * s..r.end * s
+}
+
+fn shift(r: Range<usize>, by: usize) -> Range<usize> {
+    r.start + by..r.end + by
+}
+
+/// Pieces of `len` elements of at most `piece` each; at least one (possibly empty) piece.
+fn pieces(len: usize, piece: usize) -> Vec<Range<usize>> {
+    let piece = piece.max(1);
+    if len == 0 {
+        return vec![0..0];
+    }
+    (0..len.div_ceil(piece))
+        .map(|i| i * piece..((i + 1) * piece).min(len))
+        .collect()
+}
+
+fn fault(comm: &str, f: ReduceFault) -> CommError {
+    CommError::Protocol {
+        comm: comm.to_owned(),
+        what: format!("local reduction failed: {f:?}"),
+    }
+}
+
+fn copy_into(out: &mut [u8], at: Range<usize>, from: &[u8]) {
+    out[at].copy_from_slice(from);
+}
+
+/// Everything a collective needs besides its buffers.
+pub(crate) struct Ctx<'a> {
+    pub t: &'a mut dyn Transport,
+    pub comm: &'a str,
+    pub header: Header,
+    pub algorithm: Algorithm,
+}
+
+impl Ctx<'_> {
+    fn run(
+        &mut self,
+        index: u64,
+        publish: Vec<Seg>,
+        wants: &dyn Fn(usize, usize) -> Vec<Range<usize>>,
+        input: &[u8],
+        out: &mut [u8],
+        consume: &mut dyn FnMut(&mut [u8], &dyn Peers) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        let header = Header {
+            extra: index,
+            ..self.header
+        };
+        self.t.round(
+            &Round {
+                header,
+                publish,
+                wants,
+            },
+            input,
+            out,
+            consume,
+        )
+    }
+
+    fn elems_per_round(&self, s: usize) -> usize {
+        (self.t.capacity() / s).max(1)
+    }
+}
+
+fn all(src_len: usize) -> Vec<Range<usize>> {
+    vec![0..src_len]
+}
+
+/// In-place all-reduce of `buf`.
+pub(crate) fn all_reduce(
+    cx: &mut Ctx<'_>,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let n = cx.t.size();
+    let latency = match cx.algorithm {
+        Algorithm::Latency => true,
+        Algorithm::Bandwidth => false,
+        Algorithm::Auto => buf.len().saturating_mul(n - 1) <= LATENCY_READ_LIMIT,
+    };
+    if latency || n == 1 {
+        all_reduce_latency(cx, buf, dtype, op)
+    } else {
+        all_reduce_bandwidth(cx, buf, dtype, op)
+    }
+}
+
+fn all_reduce_latency(
+    cx: &mut Ctx<'_>,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    let comm = cx.comm.to_owned();
+    for (i, p) in pieces(buf.len() / s, cx.elems_per_round(s))
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = scale(p, s);
+        let len = bytes.len();
+        cx.run(
+            i as u64,
+            vec![Seg::Out(bytes.clone())],
+            &|_, _| all(len),
+            &[],
+            buf,
+            &mut |out, peers| {
+                let mut srcs = Vec::with_capacity(n);
+                for r in 0..n {
+                    srcs.push(if r == me {
+                        Src::Out
+                    } else {
+                        Src::Bytes(peers.get(r, 0..len)?)
+                    });
+                }
+                reduce(dtype, op, &srcs, &mut out[bytes.clone()], n).map_err(|f| fault(&comm, f))
+            },
+        )?;
+    }
+    Ok(())
+}
+
+fn all_reduce_bandwidth(
+    cx: &mut Ctx<'_>,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    let comm = cx.comm.to_owned();
+    // A publication holds one chunk of the previous piece plus the current piece: piece * (n + 1) / n elements.
+    let room = cx.elems_per_round(s).saturating_sub(1);
+    let piece = (room * n / (n + 1)).max(1);
+    let ps = pieces(buf.len() / s, piece);
+    for t in 0..=ps.len() {
+        let prev = t.checked_sub(1).map(|i| ps[i].clone());
+        let cur = ps.get(t).cloned();
+        // Byte length of `src`'s reduced chunk of the previous piece (the first part of its publication).
+        let prev_len = |src: usize| prev.as_ref().map_or(0, |p| part(p.len(), n, src).len() * s);
+        let mut publish = Vec::with_capacity(2);
+        if let Some(p) = &prev {
+            publish.push(Seg::Out(scale(shift(part(p.len(), n, me), p.start), s)));
+        }
+        if let Some(c) = &cur {
+            publish.push(Seg::Out(scale(c.clone(), s)));
+        }
+        let wants = |src: usize, dst: usize| {
+            let mut w = Vec::with_capacity(2);
+            if prev.is_some() {
+                w.push(0..prev_len(src));
+            }
+            if let Some(c) = &cur {
+                w.push(shift(scale(part(c.len(), n, dst), s), prev_len(src)));
+            }
+            w
+        };
+        cx.run(t as u64, publish, &wants, &[], buf, &mut |out, peers| {
+            if let Some(p) = &prev {
+                for src in (0..n).filter(|&r| r != me) {
+                    let at = scale(shift(part(p.len(), n, src), p.start), s);
+                    copy_into(out, at, peers.get(src, 0..prev_len(src))?);
+                }
+            }
+            if let Some(c) = &cur {
+                let mine = scale(part(c.len(), n, me), s);
+                let mut srcs = Vec::with_capacity(n);
+                for r in 0..n {
+                    srcs.push(if r == me {
+                        Src::Out
+                    } else {
+                        Src::Bytes(peers.get(r, shift(mine.clone(), prev_len(r)))?)
+                    });
+                }
+                let target = shift(mine, c.start * s);
+                reduce(dtype, op, &srcs, &mut out[target], n).map_err(|f| fault(&comm, f))?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// In-place broadcast of `buf` from `root`.
+pub(crate) fn broadcast(
+    cx: &mut Ctx<'_>,
+    buf: &mut [u8],
+    dtype: DType,
+    root: usize,
+) -> Result<(), CommError> {
+    let (me, s) = (cx.t.rank(), dtype.size());
+    for (i, p) in pieces(buf.len() / s, cx.elems_per_round(s))
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = scale(p, s);
+        let len = bytes.len();
+        let publish = if me == root {
+            vec![Seg::Out(bytes.clone())]
+        } else {
+            vec![]
+        };
+        let wants = |src: usize, _| if src == root { all(len) } else { vec![] };
+        cx.run(i as u64, publish, &wants, &[], buf, &mut |out, peers| {
+            if me != root {
+                copy_into(out, bytes.clone(), peers.get(root, 0..len)?);
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// Reduce to `root`. `input` is this rank's contribution (`None`: it is in `out`, in place). Only the root's
+/// `out` is written.
+pub(crate) fn reduce_to_root(
+    cx: &mut Ctx<'_>,
+    input: Option<&[u8]>,
+    out: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    root: usize,
+) -> Result<(), CommError> {
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    let comm = cx.comm.to_owned();
+    let contribution_len = input.map_or(out.len(), <[u8]>::len);
+    for (i, p) in pieces(contribution_len / s, cx.elems_per_round(s))
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = scale(p, s);
+        let len = bytes.len();
+        let publish = vec![if input.is_some() {
+            Seg::In(bytes.clone())
+        } else {
+            Seg::Out(bytes.clone())
+        }];
+        let wants = |_, dst: usize| if dst == root { all(len) } else { vec![] };
+        cx.run(
+            i as u64,
+            publish,
+            &wants,
+            input.unwrap_or(&[]),
+            out,
+            &mut |out, peers| {
+                if me != root {
+                    return Ok(());
+                }
+                let mut srcs = Vec::with_capacity(n);
+                for r in 0..n {
+                    srcs.push(match (r == me, input) {
+                        (true, Some(inp)) => Src::Bytes(&inp[bytes.clone()]),
+                        (true, None) => Src::Out,
+                        (false, _) => Src::Bytes(peers.get(r, 0..len)?),
+                    });
+                }
+                reduce(dtype, op, &srcs, &mut out[bytes.clone()], n).map_err(|f| fault(&comm, f))
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// All-gather of `per_rank` bytes from each rank into `out` (`n * per_rank` bytes). `input: None` means in place:
+/// this rank's contribution already sits at `out[me * per_rank..]`.
+pub(crate) fn all_gather(
+    cx: &mut Ctx<'_>,
+    input: Option<&[u8]>,
+    out: &mut [u8],
+    per_rank: usize,
+    dtype: DType,
+) -> Result<(), CommError> {
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    for (i, p) in pieces(per_rank / s, cx.elems_per_round(s))
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = scale(p, s);
+        let len = bytes.len();
+        let publish = vec![match input {
+            Some(_) => Seg::In(bytes.clone()),
+            None => Seg::Out(shift(bytes.clone(), me * per_rank)),
+        }];
+        cx.run(
+            i as u64,
+            publish,
+            &|_, _| all(len),
+            input.unwrap_or(&[]),
+            out,
+            &mut |out, peers| {
+                for src in 0..n {
+                    let at = shift(bytes.clone(), src * per_rank);
+                    match (src == me, input) {
+                        (true, Some(inp)) => copy_into(out, at, &inp[bytes.clone()]),
+                        (true, None) => {}
+                        (false, _) => copy_into(out, at, peers.get(src, 0..len)?),
+                    }
+                }
+                Ok(())
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// Publication of piece `p` (bytes within a block) of each of `n` blocks of `block` bytes.
+fn per_dest(input: bool, n: usize, block: usize, p: &Range<usize>) -> Vec<Seg> {
+    (0..n)
+        .map(|d| {
+            let r = shift(p.clone(), d * block);
+            if input { Seg::In(r) } else { Seg::Out(r) }
+        })
+        .collect()
+}
+
+/// Reduce-scatter: each rank contributes `n` blocks of `block` bytes and receives the reduction of block `me`.
+/// Out of place (`input: Some`): `out` is one block. In place: `out` holds all blocks and block `me` is reduced.
+pub(crate) fn reduce_scatter(
+    cx: &mut Ctx<'_>,
+    input: Option<&[u8]>,
+    out: &mut [u8],
+    block: usize,
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    let comm = cx.comm.to_owned();
+    let per_piece = (cx.elems_per_round(s) / n).max(1);
+    for (i, p) in pieces(block / s, per_piece).into_iter().enumerate() {
+        let bytes = scale(p, s);
+        let len = bytes.len();
+        let publish = per_dest(input.is_some(), n, block, &bytes);
+        let wants = |_, dst: usize| vec![dst * len..(dst + 1) * len];
+        cx.run(
+            i as u64,
+            publish,
+            &wants,
+            input.unwrap_or(&[]),
+            out,
+            &mut |out, peers| {
+                let mut srcs = Vec::with_capacity(n);
+                for r in 0..n {
+                    srcs.push(match (r == me, input) {
+                        (true, Some(inp)) => Src::Bytes(&inp[shift(bytes.clone(), me * block)]),
+                        (true, None) => Src::Out,
+                        (false, _) => Src::Bytes(peers.get(r, me * len..(me + 1) * len)?),
+                    });
+                }
+                let target = if input.is_some() {
+                    bytes.clone()
+                } else {
+                    shift(bytes.clone(), me * block)
+                };
+                reduce(dtype, op, &srcs, &mut out[target], n).map_err(|f| fault(&comm, f))
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// All-to-all with equal blocks of `block` bytes: block `d` of rank `s` lands in block `s` of rank `d`.
+/// `input: None` means in place on `out`.
+pub(crate) fn all_to_all(
+    cx: &mut Ctx<'_>,
+    input: Option<&[u8]>,
+    out: &mut [u8],
+    block: usize,
+    dtype: DType,
+) -> Result<(), CommError> {
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    let per_piece = (cx.elems_per_round(s) / n).max(1);
+    for (i, p) in pieces(block / s, per_piece).into_iter().enumerate() {
+        let bytes = scale(p, s);
+        let len = bytes.len();
+        let publish = per_dest(input.is_some(), n, block, &bytes);
+        let wants = |_, dst: usize| vec![dst * len..(dst + 1) * len];
+        cx.run(
+            i as u64,
+            publish,
+            &wants,
+            input.unwrap_or(&[]),
+            out,
+            &mut |out, peers| {
+                for src in 0..n {
+                    let at = shift(bytes.clone(), src * block);
+                    match (src == me, input) {
+                        (true, Some(inp)) => copy_into(out, at.clone(), &inp[at]),
+                        (true, None) => {}
+                        (false, _) => copy_into(out, at, peers.get(src, me * len..(me + 1) * len)?),
+                    }
+                }
+                Ok(())
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// All-to-all with per-peer element counts. `input` holds the blocks for ranks 0, 1, ... back to back
+/// (`send[d]` elements each); `out` receives the blocks from ranks 0, 1, ... back to back (`recv[s]` each).
+pub(crate) fn all_to_all_v(
+    cx: &mut Ctx<'_>,
+    input: &[u8],
+    send: &[usize],
+    out: &mut [u8],
+    recv: &[usize],
+    dtype: DType,
+) -> Result<(), CommError> {
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    if cx.t.capacity() < 16 * n {
+        return Err(CommError::InvalidArgument {
+            comm: cx.comm.to_owned(),
+            what: format!(
+                "all_to_all_v needs {} bytes of scratch for {n} ranks' counts",
+                16 * n
+            ),
+        });
+    }
+    // Round 0: everyone publishes its send and receive counts, so every rank can check the whole matrix.
+    let mut counts = Vec::with_capacity(16 * n);
+    for c in send.iter().chain(recv) {
+        counts.extend_from_slice(&(*c as u64).to_le_bytes());
+    }
+    let mut matrix: Vec<Vec<u64>> = Vec::new();
+    cx.run(
+        0,
+        vec![Seg::In(0..counts.len())],
+        &|_, _| all(16 * n),
+        &counts,
+        &mut [],
+        &mut |_, peers| {
+            for r in 0..n {
+                let bytes = if r == me {
+                    &counts[..]
+                } else {
+                    peers.get(r, 0..16 * n)?
+                };
+                matrix.push(
+                    bytes
+                        .chunks_exact(8)
+                        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                        .collect(),
+                );
+            }
+            Ok(())
+        },
+    )?;
+    for a in 0..n {
+        for b in 0..n {
+            let (sent, expected) = (matrix[a][b], matrix[b][n + a]);
+            if sent != expected {
+                return Err(CommError::Mismatch {
+                    comm: cx.comm.to_owned(),
+                    detail: format!(
+                        "all_to_all_v: rank {a} sends {sent} elements to rank {b}, which expects {expected}"
+                    ),
+                });
+            }
+        }
+    }
+    let count = |src: usize, dst: usize| matrix[src][dst] as usize;
+    let sdispl: Vec<usize> = send
+        .iter()
+        .scan(0, |acc, c| {
+            let d = *acc;
+            *acc += c;
+            Some(d)
+        })
+        .collect();
+    let rdispl: Vec<usize> = recv
+        .iter()
+        .scan(0, |acc, c| {
+            let d = *acc;
+            *acc += c;
+            Some(d)
+        })
+        .collect();
+    let per = (cx.elems_per_round(s) / n).max(1);
+    let rounds = (0..n)
+        .flat_map(|a| (0..n).map(move |b| (a, b)))
+        .map(|(a, b)| count(a, b).div_ceil(per))
+        .max()
+        .unwrap_or(0);
+    // Elements of the (src -> dst) block that travel in round t.
+    let window = |src: usize, dst: usize, t: usize| {
+        (t * per).min(count(src, dst))..((t + 1) * per).min(count(src, dst))
+    };
+    for t in 0..rounds {
+        let publish = (0..n)
+            .map(|d| Seg::In(scale(shift(window(me, d, t), sdispl[d]), s)))
+            .collect();
+        let wants = |src: usize, dst: usize| {
+            let before: usize = (0..dst).map(|d| window(src, d, t).len()).sum();
+            vec![scale(before..before + window(src, dst, t).len(), s)]
+        };
+        cx.run(
+            1 + t as u64,
+            publish,
+            &wants,
+            input,
+            out,
+            &mut |out, peers| {
+                for src in 0..n {
+                    let w = window(src, me, t);
+                    let at = scale(shift(w.clone(), rdispl[src]), s);
+                    if src == me {
+                        copy_into(out, at, &input[scale(shift(w, sdispl[me]), s)]);
+                    } else {
+                        let before: usize = (0..me).map(|d| window(src, d, t).len()).sum();
+                        copy_into(out, at, peers.get(src, scale(before..before + w.len(), s))?);
+                    }
+                }
+                Ok(())
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// Gather `input` from every rank into the root's `out` (`n * input.len()` bytes there; ignored elsewhere).
+pub(crate) fn gather(
+    cx: &mut Ctx<'_>,
+    input: &[u8],
+    out: &mut [u8],
+    dtype: DType,
+    root: usize,
+) -> Result<(), CommError> {
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    let per_rank = input.len();
+    for (i, p) in pieces(per_rank / s, cx.elems_per_round(s))
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = scale(p, s);
+        let len = bytes.len();
+        let wants = |_, dst: usize| if dst == root { all(len) } else { vec![] };
+        cx.run(
+            i as u64,
+            vec![Seg::In(bytes.clone())],
+            &wants,
+            input,
+            out,
+            &mut |out, peers| {
+                if me != root {
+                    return Ok(());
+                }
+                for src in 0..n {
+                    let at = shift(bytes.clone(), src * per_rank);
+                    let from = if src == me {
+                        &input[bytes.clone()]
+                    } else {
+                        peers.get(src, 0..len)?
+                    };
+                    copy_into(out, at, from);
+                }
+                Ok(())
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// Scatter the root's `input` (`n` blocks of `out.len()` bytes) so that rank `d` receives block `d` in `out`.
+pub(crate) fn scatter(
+    cx: &mut Ctx<'_>,
+    input: &[u8],
+    out: &mut [u8],
+    dtype: DType,
+    root: usize,
+) -> Result<(), CommError> {
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    let block = out.len();
+    let per_piece = (cx.elems_per_round(s) / n).max(1);
+    for (i, p) in pieces(block / s, per_piece).into_iter().enumerate() {
+        let bytes = scale(p, s);
+        let len = bytes.len();
+        let publish = if me == root {
+            per_dest(true, n, block, &bytes)
+        } else {
+            vec![]
+        };
+        let wants = |src: usize, dst: usize| {
+            if src == root {
+                vec![dst * len..(dst + 1) * len]
+            } else {
+                vec![]
+            }
+        };
+        cx.run(i as u64, publish, &wants, input, out, &mut |out, peers| {
+            let from = if me == root {
+                &input[shift(bytes.clone(), me * block)]
+            } else {
+                peers.get(root, me * len..(me + 1) * len)?
+            };
+            copy_into(out, bytes.clone(), from);
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// A round with no data: returns once every rank has entered it.
+pub(crate) fn barrier(cx: &mut Ctx<'_>) -> Result<(), CommError> {
+    cx.run(0, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| Ok(()))
+}
+
+/// The header every rank must agree on for one operation.
+pub(crate) fn header(
+    seq: u64,
+    kind: OpKind,
+    dtype: Option<DType>,
+    op: Option<ReduceOp>,
+    root: Option<usize>,
+    count: usize,
+) -> Header {
+    Header {
+        seq,
+        kind,
+        dtype,
+        op,
+        root,
+        count: count as u64,
+        extra: 0,
+    }
+}

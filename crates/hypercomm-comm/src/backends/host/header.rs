@@ -1,0 +1,183 @@
+//! The operation descriptor every rank attaches to every round, so that disagreeing ranks are caught before any
+//! data is consumed.
+
+use std::fmt;
+
+use crate::element::{DType, ReduceOp};
+
+/// Bytes a header occupies in a shared-memory buffer or a TCP frame.
+pub(crate) const HEADER_BYTES: usize = 64;
+
+/// Which operation a round belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum OpKind {
+    AllReduce = 1,
+    Broadcast = 2,
+    Reduce = 3,
+    AllGather = 4,
+    ReduceScatter = 5,
+    AllToAll = 6,
+    AllToAllV = 7,
+    Gather = 8,
+    Scatter = 9,
+    Barrier = 10,
+    Send = 11,
+}
+
+impl OpKind {
+    const ALL: [OpKind; 11] = [
+        OpKind::AllReduce,
+        OpKind::Broadcast,
+        OpKind::Reduce,
+        OpKind::AllGather,
+        OpKind::ReduceScatter,
+        OpKind::AllToAll,
+        OpKind::AllToAllV,
+        OpKind::Gather,
+        OpKind::Scatter,
+        OpKind::Barrier,
+        OpKind::Send,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            OpKind::AllReduce => "all_reduce",
+            OpKind::Broadcast => "broadcast",
+            OpKind::Reduce => "reduce",
+            OpKind::AllGather => "all_gather",
+            OpKind::ReduceScatter => "reduce_scatter",
+            OpKind::AllToAll => "all_to_all",
+            OpKind::AllToAllV => "all_to_all_v",
+            OpKind::Gather => "gather",
+            OpKind::Scatter => "scatter",
+            OpKind::Barrier => "barrier",
+            OpKind::Send => "send",
+        }
+    }
+}
+
+/// What an operation is, as every participating rank must agree on it.
+///
+/// `count` is the per-rank element count the operation is defined by (the all-reduce length, the all-gather input
+/// length); `extra` carries a tag for point-to-point messages and the round's index within the operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// Collective sequence number on this communicator (point-to-point messages: per-pair message number).
+    pub seq: u64,
+    pub kind: OpKind,
+    pub dtype: Option<DType>,
+    pub op: Option<ReduceOp>,
+    pub root: Option<usize>,
+    pub count: u64,
+    pub extra: u64,
+}
+
+impl Header {
+    pub(crate) fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut out = [0u8; HEADER_BYTES];
+        let words: [u64; 7] = [
+            self.seq,
+            self.kind as u64,
+            self.dtype.map_or(0, |d| d as u64),
+            self.op.map_or(0, |o| o as u64),
+            self.root.map_or(u64::MAX, |r| r as u64),
+            self.count,
+            self.extra,
+        ];
+        for (i, w) in words.iter().enumerate() {
+            out[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        out
+    }
+
+    /// Parses a header; `None` when a tag is not one this version writes.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Header> {
+        let word = |i: usize| -> Option<u64> {
+            let b: [u8; 8] = bytes.get(i * 8..i * 8 + 8)?.try_into().ok()?;
+            Some(u64::from_le_bytes(b))
+        };
+        let kind_tag = word(1)?;
+        let kind = OpKind::ALL.into_iter().find(|k| *k as u64 == kind_tag)?;
+        let dtype = match word(2)? {
+            0 => None,
+            t => Some(DType::from_tag(u32::try_from(t).ok()?)?),
+        };
+        let op = match word(3)? {
+            0 => None,
+            t => Some(ReduceOp::ALL.into_iter().find(|o| *o as u64 == t)?),
+        };
+        let root = match word(4)? {
+            u64::MAX => None,
+            r => Some(usize::try_from(r).ok()?),
+        };
+        Some(Header {
+            seq: word(0)?,
+            kind,
+            dtype,
+            op,
+            root,
+            count: word(5)?,
+            extra: word(6)?,
+        })
+    }
+}
+
+impl fmt::Display for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}(#{}", self.kind.name(), self.seq)?;
+        if let Some(d) = self.dtype {
+            write!(f, ", dtype={d}")?;
+        }
+        write!(f, ", count={}", self.count)?;
+        if let Some(o) = self.op {
+            write!(f, ", op={o}")?;
+        }
+        if let Some(r) = self.root {
+            write!(f, ", root={r}")?;
+        }
+        if self.kind == OpKind::Send {
+            write!(f, ", tag={}", self.extra)?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Compares every rank's header with rank 0's; describes the first disagreement, identically on every rank.
+pub(crate) fn disagreement(headers: &[Header]) -> Option<String> {
+    let first = headers.first()?;
+    headers
+        .iter()
+        .enumerate()
+        .skip(1)
+        .find(|(_, h)| *h != first)
+        .map(|(r, h)| format!("rank {r} called {h} but rank 0 called {first}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_disagreements_name_both_sides() {
+        let h = Header {
+            seq: 9,
+            kind: OpKind::AllReduce,
+            dtype: Some(DType::BF16),
+            op: Some(ReduceOp::Max),
+            root: None,
+            count: 5,
+            extra: 0,
+        };
+        assert_eq!(Header::decode(&h.encode()), Some(h));
+        let other = Header { count: 6, ..h };
+        let msg = disagreement(&[h, h, other]).unwrap();
+        assert_eq!(
+            msg,
+            "rank 2 called all_reduce(#9, dtype=bf16, count=6, op=max) but rank 0 called \
+             all_reduce(#9, dtype=bf16, count=5, op=max)"
+        );
+        assert_eq!(disagreement(&[h, h]), None);
+        assert_eq!(Header::decode(&[0xff; 64]), None);
+    }
+}

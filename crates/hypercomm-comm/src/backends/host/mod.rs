@@ -1,0 +1,272 @@
+//! The host backend: collectives on CPU memory.
+//!
+//! Ranks on one machine (same boot id and hostname) move data through one shared-memory segment per communicator;
+//! otherwise, or with [`CommOptions::force_tcp`](crate::CommOptions::force_tcp), through a full mesh of TCP
+//! connections. Both transports implement the same round primitive ([`transport`]), and every collective is
+//! written once against it ([`algorithms`]).
+
+mod algorithms;
+mod bootstrap;
+mod header;
+mod segment;
+mod shm;
+mod tcp;
+mod transport;
+
+use hypercomm_store::Store;
+
+use self::algorithms::{Ctx, header as op_header};
+use self::header::{Header, OpKind};
+use self::transport::Transport;
+use crate::CommError;
+use crate::backend::{Backend, Io};
+use crate::element::{DType, ReduceOp};
+use crate::options::{Algorithm, CommOptions};
+
+pub(crate) use algorithms::LATENCY_READ_LIMIT;
+
+/// Default bytes of staging area per rank and round.
+pub(crate) const DEFAULT_SCRATCH: usize = 1 << 20;
+
+/// The host backend of one communicator.
+pub(crate) struct HostBackend {
+    transport: Box<dyn Transport>,
+    transport_name: &'static str,
+    comm: String,
+    algorithm: Algorithm,
+    /// Collectives issued so far; the next one's sequence number.
+    seq: u64,
+}
+
+impl HostBackend {
+    /// Bootstraps rank `me` of `n` through `store` (collective: every rank must call it).
+    pub(crate) fn connect(
+        store: &dyn Store,
+        n: usize,
+        me: usize,
+        options: &CommOptions,
+    ) -> Result<Self, CommError> {
+        let (transport, transport_name) = bootstrap::connect(store, n, me, options)?;
+        Ok(HostBackend {
+            transport,
+            transport_name,
+            comm: options.name.clone(),
+            algorithm: options.algorithm,
+            seq: 0,
+        })
+    }
+
+    fn ctx(
+        &mut self,
+        kind: OpKind,
+        dtype: Option<DType>,
+        op: Option<ReduceOp>,
+        root: Option<usize>,
+        count: usize,
+    ) -> Ctx<'_> {
+        self.seq += 1;
+        Ctx {
+            t: self.transport.as_mut(),
+            comm: &self.comm,
+            header: op_header(self.seq, kind, dtype, op, root, count),
+            algorithm: self.algorithm,
+        }
+    }
+}
+
+fn p2p_header(dtype: DType, len: usize, tag: u64) -> Header {
+    op_header(0, OpKind::Send, Some(dtype), None, None, len / dtype.size()).with_extra(tag)
+}
+
+impl Header {
+    fn with_extra(self, extra: u64) -> Header {
+        Header { extra, ..self }
+    }
+}
+
+impl Backend for HostBackend {
+    fn all_reduce(&mut self, io: Io<'_>, dtype: DType, op: ReduceOp) -> Result<(), CommError> {
+        let buf = match io {
+            Io::InPlace(b) => b,
+            Io::OutOfPlace(i, o) => {
+                o.copy_from_slice(i);
+                o
+            }
+        };
+        let count = buf.len() / dtype.size();
+        algorithms::all_reduce(
+            &mut self.ctx(OpKind::AllReduce, Some(dtype), Some(op), None, count),
+            buf,
+            dtype,
+            op,
+        )
+    }
+
+    fn broadcast(&mut self, io: Io<'_>, dtype: DType, root: usize) -> Result<(), CommError> {
+        let me = self.transport.rank();
+        let buf = match io {
+            Io::InPlace(b) => b,
+            Io::OutOfPlace(i, o) => {
+                if me == root {
+                    o.copy_from_slice(i);
+                }
+                o
+            }
+        };
+        let count = buf.len() / dtype.size();
+        algorithms::broadcast(
+            &mut self.ctx(OpKind::Broadcast, Some(dtype), None, Some(root), count),
+            buf,
+            dtype,
+            root,
+        )
+    }
+
+    fn reduce(
+        &mut self,
+        io: Io<'_>,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let (input, out): (Option<&[u8]>, &mut [u8]) = match io {
+            Io::InPlace(b) => (None, b),
+            Io::OutOfPlace(i, o) => (Some(i), o),
+        };
+        let count = input.map_or(out.len(), <[u8]>::len) / dtype.size();
+        let mut cx = self.ctx(OpKind::Reduce, Some(dtype), Some(op), Some(root), count);
+        algorithms::reduce_to_root(&mut cx, input, out, dtype, op, root)
+    }
+
+    fn all_gather(&mut self, io: Io<'_>, dtype: DType) -> Result<(), CommError> {
+        let n = self.transport.size();
+        let (input, out, per_rank) = match io {
+            Io::InPlace(b) => {
+                let per = b.len() / n;
+                (None, b, per)
+            }
+            Io::OutOfPlace(i, o) => (Some(i), o, i.len()),
+        };
+        let mut cx = self.ctx(
+            OpKind::AllGather,
+            Some(dtype),
+            None,
+            None,
+            per_rank / dtype.size(),
+        );
+        algorithms::all_gather(&mut cx, input, out, per_rank, dtype)
+    }
+
+    fn reduce_scatter(&mut self, io: Io<'_>, dtype: DType, op: ReduceOp) -> Result<(), CommError> {
+        let n = self.transport.size();
+        let (input, out, block) = match io {
+            Io::InPlace(b) => {
+                let block = b.len() / n;
+                (None, b, block)
+            }
+            Io::OutOfPlace(i, o) => {
+                let block = o.len();
+                (Some(i), o, block)
+            }
+        };
+        let mut cx = self.ctx(
+            OpKind::ReduceScatter,
+            Some(dtype),
+            Some(op),
+            None,
+            block / dtype.size(),
+        );
+        algorithms::reduce_scatter(&mut cx, input, out, block, dtype, op)
+    }
+
+    fn all_to_all(&mut self, io: Io<'_>, dtype: DType) -> Result<(), CommError> {
+        let n = self.transport.size();
+        let (input, out): (Option<&[u8]>, &mut [u8]) = match io {
+            Io::InPlace(b) => (None, b),
+            Io::OutOfPlace(i, o) => (Some(i), o),
+        };
+        let block = out.len() / n;
+        let mut cx = self.ctx(
+            OpKind::AllToAll,
+            Some(dtype),
+            None,
+            None,
+            block / dtype.size(),
+        );
+        algorithms::all_to_all(&mut cx, input, out, block, dtype)
+    }
+
+    fn all_to_all_v(
+        &mut self,
+        input: &[u8],
+        send_counts: &[usize],
+        output: &mut [u8],
+        recv_counts: &[usize],
+        dtype: DType,
+    ) -> Result<(), CommError> {
+        let mut cx = self.ctx(OpKind::AllToAllV, Some(dtype), None, None, 0);
+        algorithms::all_to_all_v(&mut cx, input, send_counts, output, recv_counts, dtype)
+    }
+
+    fn gather(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DType,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let mut cx = self.ctx(
+            OpKind::Gather,
+            Some(dtype),
+            None,
+            Some(root),
+            input.len() / dtype.size(),
+        );
+        algorithms::gather(&mut cx, input, output, dtype, root)
+    }
+
+    fn scatter(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DType,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let mut cx = self.ctx(
+            OpKind::Scatter,
+            Some(dtype),
+            None,
+            Some(root),
+            output.len() / dtype.size(),
+        );
+        algorithms::scatter(&mut cx, input, output, dtype, root)
+    }
+
+    fn send(&mut self, data: &[u8], dtype: DType, peer: usize, tag: u64) -> Result<(), CommError> {
+        self.transport
+            .send(peer, &p2p_header(dtype, data.len(), tag), data)
+    }
+
+    fn recv(
+        &mut self,
+        data: &mut [u8],
+        dtype: DType,
+        peer: usize,
+        tag: u64,
+    ) -> Result<(), CommError> {
+        let header = p2p_header(dtype, data.len(), tag);
+        self.transport.recv(peer, &header, data)
+    }
+
+    fn barrier(&mut self) -> Result<(), CommError> {
+        algorithms::barrier(&mut self.ctx(OpKind::Barrier, None, None, None, 0))
+    }
+
+    fn abort(&mut self) {
+        self.transport.abort();
+    }
+
+    fn transport_name(&self) -> &'static str {
+        self.transport_name
+    }
+}

@@ -1,0 +1,417 @@
+//! The shared-memory transport: rounds through double-buffered per-rank slots, messages through per-pair mailboxes.
+//!
+//! Round `k` uses buffer `k % 2` of every rank. A rank writes its publication there, then stores `k` into its
+//! `arrived` counter and rings the doorbell; it consumes once every peer's counter reaches `k`. Writing round
+//! `k + 2` into the same buffer is safe because a rank only gets there after every peer arrived at round `k + 1`,
+//! which each does only after it finished reading round `k`. One barrier per round, no separate "done" flags.
+//!
+//! Waiting spins briefly, yields, then sleeps on the doorbell futex in slices of a few milliseconds, so that more
+//! ranks than cores still make progress. Between sleeps it checks the deadline, the abort flag and whether the
+//! ranks it waits for still have a live process.
+
+use std::ops::Range;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
+
+use super::header::{HEADER_BYTES, Header, disagreement};
+use super::segment::{PREFIX, Segment};
+use super::transport::{Consume, Peers, Round, Transport, resolve};
+use crate::CommError;
+
+const SPINS: u32 = 300;
+const YIELDS: u32 = 20;
+const SLEEP_SLICE: Duration = Duration::from_millis(2);
+
+/// Rounds and messages through one shared-memory [`Segment`].
+pub(crate) struct ShmTransport {
+    seg: Segment,
+    comm: String,
+    rank: usize,
+    timeout: Duration,
+    /// Number of the last completed round.
+    round_no: u64,
+    /// Process ids of the ranks, from the bootstrap records (for liveness checks before a rank attaches).
+    pids: Vec<u32>,
+}
+
+impl ShmTransport {
+    pub(crate) fn new(
+        seg: Segment,
+        comm: String,
+        rank: usize,
+        timeout: Duration,
+        pids: Vec<u32>,
+    ) -> Self {
+        seg.rank_ctl(rank).pid.store(std::process::id(), SeqCst);
+        ShmTransport {
+            seg,
+            comm,
+            rank,
+            timeout,
+            round_no: 0,
+            pids,
+        }
+    }
+
+    /// Removes the segment's file name (rank 0, once every rank attached).
+    pub(crate) fn unlink(&mut self) {
+        self.seg.unlink();
+    }
+
+    fn ring(&self) {
+        let h = self.seg.header();
+        h.doorbell.fetch_add(1, SeqCst);
+        if h.sleepers.load(SeqCst) > 0 {
+            // Waking nobody is harmless; a failure here only delays waiters until their sleep slice ends.
+            let _ = rustix::thread::futex::wake(
+                &h.doorbell,
+                rustix::thread::futex::Flags::empty(),
+                u32::MAX,
+            );
+        }
+    }
+
+    /// Waits until `ready` holds. `blockers` names the ranks still awaited, for errors and liveness checks.
+    fn wait(
+        &self,
+        during: &dyn Fn() -> String,
+        ready: &dyn Fn() -> bool,
+        blockers: &dyn Fn() -> Vec<usize>,
+    ) -> Result<(), CommError> {
+        let start = Instant::now();
+        for _ in 0..SPINS {
+            if ready() {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+        for _ in 0..YIELDS {
+            if ready() {
+                return Ok(());
+            }
+            std::thread::yield_now();
+        }
+        let h = self.seg.header();
+        loop {
+            let seen = h.doorbell.load(SeqCst);
+            if ready() {
+                return Ok(());
+            }
+            self.check(during, blockers, start)?;
+            h.sleepers.fetch_add(1, SeqCst);
+            if ready() {
+                h.sleepers.fetch_sub(1, SeqCst);
+                return Ok(());
+            }
+            let slice = rustix::thread::futex::Timespec {
+                tv_sec: 0,
+                tv_nsec: SLEEP_SLICE.as_nanos() as _,
+            };
+            // Spurious wake-ups, EAGAIN (doorbell already moved) and timeouts all just loop back to the checks.
+            let _ = rustix::thread::futex::wait(
+                &h.doorbell,
+                rustix::thread::futex::Flags::empty(),
+                seen,
+                Some(&slice),
+            );
+            h.sleepers.fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Fails when a peer aborted, an awaited rank's process is gone, or the timeout has passed.
+    fn check(
+        &self,
+        during: &dyn Fn() -> String,
+        blockers: &dyn Fn() -> Vec<usize>,
+        start: Instant,
+    ) -> Result<(), CommError> {
+        let by = self.seg.header().aborted_by.load(SeqCst);
+        if by != 0 {
+            return Err(CommError::AbortedByPeer {
+                comm: self.comm.clone(),
+                by: (by - 1) as usize,
+                during: during(),
+            });
+        }
+        let missing = blockers();
+        let dead: Vec<usize> = missing
+            .iter()
+            .copied()
+            .filter(|&r| {
+                let attached = self.seg.rank_ctl(r).pid.load(SeqCst);
+                let pid = if attached != 0 {
+                    attached
+                } else {
+                    self.pids[r]
+                };
+                !process_alive(pid)
+            })
+            .collect();
+        if !dead.is_empty() {
+            return Err(CommError::PeerDied {
+                comm: self.comm.clone(),
+                ranks: dead,
+                during: during(),
+            });
+        }
+        if start.elapsed() >= self.timeout {
+            return Err(CommError::Timeout {
+                comm: self.comm.clone(),
+                missing,
+                after: self.timeout,
+                during: during(),
+            });
+        }
+        Ok(())
+    }
+
+    fn write_prefix(dst: *mut u8, header: &Header, len: usize) {
+        let mut prefix = [0u8; PREFIX];
+        prefix[..HEADER_BYTES].copy_from_slice(&header.encode());
+        prefix[HEADER_BYTES - 8..HEADER_BYTES].copy_from_slice(&(len as u64).to_le_bytes());
+        // SAFETY: `dst` is the start of a buffer or mailbox owned (by protocol) by this rank right now, with at
+        // least PREFIX bytes.
+        unsafe { std::ptr::copy_nonoverlapping(prefix.as_ptr(), dst, PREFIX) };
+    }
+
+    /// Reads the header and payload length at `src`, which the protocol currently makes read-only.
+    fn read_prefix(&self, src: *const u8, from: usize) -> Result<(Header, usize), CommError> {
+        let mut prefix = [0u8; PREFIX];
+        // SAFETY: `src` is a buffer or mailbox the writer handed over via an atomic store we observed; nobody
+        // writes it until we signal we are done.
+        unsafe { std::ptr::copy_nonoverlapping(src, prefix.as_mut_ptr(), PREFIX) };
+        let mut len = [0u8; 8];
+        len.copy_from_slice(&prefix[HEADER_BYTES - 8..HEADER_BYTES]);
+        prefix[HEADER_BYTES - 8..HEADER_BYTES].fill(0);
+        let header = Header::decode(&prefix).ok_or_else(|| CommError::Protocol {
+            comm: self.comm.clone(),
+            what: format!("rank {from} wrote an undecodable operation header"),
+        })?;
+        Ok((header, u64::from_le_bytes(len) as usize))
+    }
+}
+
+/// Whether a process exists and is not a zombie.
+fn process_alive(pid: u32) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return true;
+    };
+    if rustix::process::test_kill_process(p).is_err() {
+        return false;
+    }
+    // A killed child that its parent has not reaped yet still answers kill(0); its state in /proc says 'Z'.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+struct ShmPeers<'a> {
+    t: &'a ShmTransport,
+    which: usize,
+    lens: Vec<usize>,
+}
+
+impl Peers for ShmPeers<'_> {
+    fn get(&self, src: usize, range: Range<usize>) -> Result<&[u8], CommError> {
+        if src == self.t.rank
+            || src >= self.lens.len()
+            || range.start > range.end
+            || range.end > self.lens[src]
+        {
+            return Err(CommError::Protocol {
+                comm: self.t.comm.clone(),
+                what: format!(
+                    "rank {} read bytes {range:?} of rank {src}'s publication of {} bytes",
+                    self.t.rank,
+                    self.lens.get(src).copied().unwrap_or(0)
+                ),
+            });
+        }
+        // SAFETY: the range lies within the payload rank `src` published for this round (checked above against
+        // the length it wrote, itself at most the slot size); `src` does not write this buffer again before this
+        // rank arrives at the next round, which happens after this borrow ends (it is tied to `&self`, which the
+        // round holds only while consuming).
+        Ok(unsafe {
+            std::slice::from_raw_parts(
+                self.t.seg.buffer(src, self.which).add(PREFIX + range.start),
+                range.len(),
+            )
+        })
+    }
+}
+
+impl Transport for ShmTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.seg.n
+    }
+
+    fn capacity(&self) -> usize {
+        self.seg.slot
+    }
+
+    fn round(
+        &mut self,
+        round: &Round<'_>,
+        input: &[u8],
+        out: &mut [u8],
+        consume: &mut Consume<'_>,
+    ) -> Result<(), CommError> {
+        let k = self.round_no + 1;
+        let which = (k % 2) as usize;
+        let n = self.seg.n;
+        let me = self.rank;
+        let segs = resolve(&round.publish, input, out).map_err(|r| CommError::Protocol {
+            comm: self.comm.clone(),
+            what: format!("publication range {r:?} is outside the buffers"),
+        })?;
+        let total: usize = segs.iter().map(|s| s.len()).sum();
+        if total > self.seg.slot {
+            return Err(CommError::Protocol {
+                comm: self.comm.clone(),
+                what: format!(
+                    "publication of {total} bytes exceeds the {}-byte slot",
+                    self.seg.slot
+                ),
+            });
+        }
+        let dst = self.seg.buffer(me, which);
+        Self::write_prefix(dst, &round.header, total);
+        let mut at = PREFIX;
+        for s in &segs {
+            // SAFETY: buffer `which` of this rank is ours to write in round k (see the module docs); the payload
+            // fits in the slot (checked above); the source is a caller buffer, which cannot overlap the mapping.
+            unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), dst.add(at), s.len()) };
+            at += s.len();
+        }
+        self.seg.rank_ctl(me).arrived.store(k, SeqCst);
+        self.ring();
+        let seg = &self.seg;
+        let ready = || (0..n).all(|r| seg.rank_ctl(r).arrived.load(SeqCst) >= k);
+        let blockers = || {
+            (0..n)
+                .filter(|&r| seg.rank_ctl(r).arrived.load(SeqCst) < k)
+                .collect()
+        };
+        let during = || format!("{} round {k}", round.header);
+        self.wait(&during, &ready, &blockers)?;
+        self.round_no = k;
+
+        let mut headers = Vec::with_capacity(n);
+        let mut lens = Vec::with_capacity(n);
+        for r in 0..n {
+            if r == me {
+                headers.push(round.header);
+                lens.push(total);
+                continue;
+            }
+            let (h, len) = self.read_prefix(self.seg.buffer(r, which), r)?;
+            if len > self.seg.slot {
+                return Err(CommError::Protocol {
+                    comm: self.comm.clone(),
+                    what: format!(
+                        "rank {r} declared a {len}-byte publication in a {}-byte slot",
+                        self.seg.slot
+                    ),
+                });
+            }
+            headers.push(h);
+            lens.push(len);
+        }
+        if let Some(detail) = disagreement(&headers) {
+            return Err(CommError::Mismatch {
+                comm: self.comm.clone(),
+                detail,
+            });
+        }
+        let peers = ShmPeers {
+            t: self,
+            which,
+            lens,
+        };
+        consume(out, &peers)
+    }
+
+    fn send(&mut self, peer: usize, header: &Header, data: &[u8]) -> Result<(), CommError> {
+        let me = self.rank;
+        let cap = self.seg.mailbox;
+        let chunks = data.len().div_ceil(cap).max(1);
+        for c in 0..chunks {
+            let piece = &data[(c * cap).min(data.len())..((c + 1) * cap).min(data.len())];
+            let ctl = self.seg.mail_ctl(me, peer);
+            let during = || format!("{header} to rank {peer}");
+            self.wait(
+                &during,
+                &|| ctl.taken.load(SeqCst) == ctl.sent.load(SeqCst),
+                &|| vec![peer],
+            )?;
+            let dst = self.seg.mailbox(me, peer);
+            Self::write_prefix(dst, header, piece.len());
+            // SAFETY: the mailbox is empty (taken == sent), so the receiver does not read it until we bump `sent`;
+            // the piece is at most the mailbox size.
+            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), dst.add(PREFIX), piece.len()) };
+            ctl.sent.fetch_add(1, SeqCst);
+            self.ring();
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, peer: usize, header: &Header, data: &mut [u8]) -> Result<(), CommError> {
+        let me = self.rank;
+        let cap = self.seg.mailbox;
+        let chunks = data.len().div_ceil(cap).max(1);
+        for c in 0..chunks {
+            let start = (c * cap).min(data.len());
+            let end = ((c + 1) * cap).min(data.len());
+            let ctl = self.seg.mail_ctl(peer, me);
+            let during = || format!("{header} from rank {peer}");
+            self.wait(
+                &during,
+                &|| ctl.sent.load(SeqCst) > ctl.taken.load(SeqCst),
+                &|| vec![peer],
+            )?;
+            let src = self.seg.mailbox(peer, me);
+            let (got, len) = self.read_prefix(src, peer)?;
+            if got != *header {
+                return Err(CommError::Mismatch {
+                    comm: self.comm.clone(),
+                    detail: format!(
+                        "rank {me} expected {header} from rank {peer}, which sent {got}"
+                    ),
+                });
+            }
+            if len != end - start {
+                return Err(CommError::Protocol {
+                    comm: self.comm.clone(),
+                    what: format!(
+                        "rank {peer} sent a {len}-byte piece where {} bytes were due",
+                        end - start
+                    ),
+                });
+            }
+            // SAFETY: sent > taken, so the sender filled the mailbox and does not touch it until we bump `taken`;
+            // `len` bytes are within the mailbox (len == end - start <= cap).
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.add(PREFIX), data[start..end].as_mut_ptr(), len)
+            };
+            ctl.taken.fetch_add(1, SeqCst);
+            self.ring();
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        let _ =
+            self.seg
+                .header()
+                .aborted_by
+                .compare_exchange(0, self.rank as u64 + 1, SeqCst, SeqCst);
+        self.ring();
+    }
+}

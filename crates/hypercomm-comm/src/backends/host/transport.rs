@@ -1,0 +1,79 @@
+//! The one primitive the host algorithms are written against: a synchronous round in which every rank publishes
+//! some bytes and then reads parts of what the others published.
+//!
+//! Shared memory implements a round as "copy into my slot, announce, wait for everyone, read their slots"; TCP as
+//! "send each peer the parts it wants, receive the parts I want". Because every round carries the operation
+//! [`Header`], ranks that called different operations are caught in the first round of the operation, by every
+//! rank, before any data is consumed.
+
+use std::ops::Range;
+
+use super::header::Header;
+use crate::CommError;
+
+/// One piece of what a rank publishes: a byte range of the operation's input or of its output buffer.
+#[derive(Clone, Debug)]
+pub(crate) enum Seg {
+    /// A range of the read-only input buffer (out-of-place operations).
+    In(Range<usize>),
+    /// A range of the output buffer (in-place operations, or results computed in an earlier round).
+    Out(Range<usize>),
+}
+
+/// What a round publishes and who reads what.
+pub(crate) struct Round<'a> {
+    /// The operation; every rank must publish an identical header.
+    pub header: Header,
+    /// This rank's publication: the concatenation of these segments.
+    pub publish: Vec<Seg>,
+    /// `wants(src, dst)`: the byte ranges of `src`'s publication that `dst` reads, ascending and disjoint.
+    /// Transports that copy only what is read (TCP) call it; shared memory exposes the whole publication.
+    pub wants: &'a dyn Fn(usize, usize) -> Vec<Range<usize>>,
+}
+
+/// Read access to the peers' publications during a round.
+pub(crate) trait Peers {
+    /// Bytes `range` of `src`'s publication. `range` must lie within what `wants(src, me)` declared.
+    fn get(&self, src: usize, range: Range<usize>) -> Result<&[u8], CommError>;
+}
+
+/// The consumer of a round: gets the output buffer and the peers' publications.
+pub(crate) type Consume<'c> = dyn FnMut(&mut [u8], &dyn Peers) -> Result<(), CommError> + 'c;
+
+/// A way for the ranks of one communicator to run rounds and exchange point-to-point messages.
+pub(crate) trait Transport: Send {
+    /// This rank, and the number of ranks.
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// The largest publication a round may carry, in bytes.
+    fn capacity(&self) -> usize;
+    /// Runs one round. `input` backs [`Seg::In`], `out` backs [`Seg::Out`] and is handed to `consume`, which runs
+    /// only when every rank's header matches; otherwise every rank returns [`CommError::Mismatch`].
+    fn round(
+        &mut self,
+        round: &Round<'_>,
+        input: &[u8],
+        out: &mut [u8],
+        consume: &mut Consume<'_>,
+    ) -> Result<(), CommError>;
+    /// Sends `data` to `peer`; may return before the peer receives it.
+    fn send(&mut self, peer: usize, header: &Header, data: &[u8]) -> Result<(), CommError>;
+    /// Receives the next message from `peer` into `data`; its header must equal `header`.
+    fn recv(&mut self, peer: usize, header: &Header, data: &mut [u8]) -> Result<(), CommError>;
+    /// Tells the peers this rank gives up, so that their waits fail at once.
+    fn abort(&mut self);
+}
+
+/// Resolves a publication's segments to byte slices.
+pub(crate) fn resolve<'b>(
+    segs: &[Seg],
+    input: &'b [u8],
+    out: &'b [u8],
+) -> Result<Vec<&'b [u8]>, Range<usize>> {
+    segs.iter()
+        .map(|s| match s {
+            Seg::In(r) => input.get(r.clone()).ok_or_else(|| r.clone()),
+            Seg::Out(r) => out.get(r.clone()).ok_or_else(|| r.clone()),
+        })
+        .collect()
+}

@@ -1,0 +1,655 @@
+//! [`Communicator`]: the one public face of every backend.
+//!
+//! A communicator is created collectively by every member rank from a store, a rank list and [`CommOptions`].
+//! Each collective checks its local arguments at once (wrong lengths, roots and peers are errors before anything
+//! is sent), then moves its buffers into a job for the communicator's progress thread, which runs jobs one at a
+//! time in issue order, and returns a [`Work`] handle that gives the buffers back.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use hypercomm_store::Store;
+
+use crate::CommError;
+use crate::backend::{Backend, Io};
+use crate::backends::host::HostBackend;
+use crate::element::{Element, ReduceOp, as_bytes, as_bytes_mut};
+use crate::options::{BackendKind, CommOptions};
+use crate::work::{Work, pair};
+
+type Job = Box<dyn FnOnce(&mut Engine) + Send>;
+
+/// The progress thread's state: the backend and whether the communicator is broken.
+struct Engine {
+    backend: Box<dyn Backend>,
+    broken: Arc<Mutex<Option<String>>>,
+    comm: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section here is a single assignment or read; a poisoned lock holds a consistent value.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Engine {
+    fn execute<R>(
+        &mut self,
+        f: impl FnOnce(&mut dyn Backend) -> Result<R, CommError>,
+    ) -> Result<R, CommError> {
+        if let Some(cause) = lock(&self.broken).clone() {
+            return Err(CommError::Broken {
+                comm: self.comm.clone(),
+                cause,
+            });
+        }
+        let result = f(self.backend.as_mut());
+        if let Err(e) = &result
+            && e.is_fatal()
+        {
+            *lock(&self.broken) = Some(e.to_string());
+            self.backend.abort();
+        }
+        result
+    }
+}
+
+/// A communicator over a fixed list of ranks.
+///
+/// ```
+/// use std::sync::Arc;
+/// use hypercomm_comm::{BackendKind, CommOptions, Communicator, ReduceOp};
+/// use hypercomm_store::MemoryStore;
+///
+/// // Two ranks as two threads sharing a store.
+/// let store = Arc::new(MemoryStore::new());
+/// let ranks: Vec<_> = (0..2)
+///     .map(|me| {
+///         let store = Arc::clone(&store);
+///         std::thread::spawn(move || {
+///             let comm = Communicator::new(BackendKind::Host, store, vec![0, 1], me, CommOptions::named("doc"))?;
+///             let sum = comm.all_reduce(vec![me as f32 + 1.0; 4], ReduceOp::Sum)?.wait()?;
+///             assert_eq!(sum, vec![3.0; 4]);
+///             Ok::<_, hypercomm_comm::CommError>(())
+///         })
+///     })
+///     .collect();
+/// for r in ranks {
+///     r.join().unwrap()?;
+/// }
+/// # Ok::<(), hypercomm_comm::CommError>(())
+/// ```
+pub struct Communicator {
+    name: String,
+    rank: usize,
+    ranks: Vec<usize>,
+    kind: BackendKind,
+    options: CommOptions,
+    store: Arc<dyn Store>,
+    transport: &'static str,
+    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    progress: Mutex<Option<JoinHandle<()>>>,
+    broken: Arc<Mutex<Option<String>>>,
+    splits: AtomicU64,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("name", &self.name)
+            .field("rank", &self.rank)
+            .field("ranks", &self.ranks)
+            .field("backend", &self.kind)
+            .field("transport", &self.transport)
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// Joins the communicator `options.name` whose members are `ranks` (ids in any numbering the caller uses,
+    /// for example global ranks), as member `me`. Every member must call this with the same list and name; the
+    /// call returns once all have connected (or fails after `options.timeout`). This rank's rank in the
+    /// communicator is `me`'s position in `ranks`.
+    pub fn new(
+        kind: BackendKind,
+        store: Arc<dyn Store>,
+        ranks: Vec<usize>,
+        me: usize,
+        options: CommOptions,
+    ) -> Result<Communicator, CommError> {
+        options.validate_for(kind)?;
+        let invalid = |what: String| CommError::InvalidArgument {
+            comm: options.name.clone(),
+            what,
+        };
+        let rank = ranks
+            .iter()
+            .position(|&r| r == me)
+            .ok_or_else(|| invalid(format!("rank {me} is not in the member list {ranks:?}")))?;
+        let mut sorted = ranks.clone();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(invalid(format!(
+                "rank {} appears twice in the member list {ranks:?}",
+                w[0]
+            )));
+        }
+        let backend: Box<dyn Backend> = match kind {
+            BackendKind::Host => Box::new(HostBackend::connect(
+                store.as_ref(),
+                ranks.len(),
+                rank,
+                &options,
+            )?),
+        };
+        let transport = backend.transport_name();
+        let broken = Arc::new(Mutex::new(None));
+        let mut engine = Engine {
+            backend,
+            broken: Arc::clone(&broken),
+            comm: options.name.clone(),
+        };
+        let (tx, rx) = mpsc::channel::<Job>();
+        let progress = std::thread::Builder::new()
+            .name(format!("hypercomm-{}", options.name))
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job(&mut engine);
+                }
+            })
+            .map_err(|source| CommError::Io {
+                comm: options.name.clone(),
+                what: "starting the progress thread".into(),
+                source,
+            })?;
+        Ok(Communicator {
+            name: options.name.clone(),
+            rank,
+            ranks,
+            kind,
+            options,
+            store,
+            transport,
+            queue: Mutex::new(Some(tx)),
+            progress: Mutex::new(Some(progress)),
+            broken,
+            splits: AtomicU64::new(0),
+        })
+    }
+
+    /// The communicator over ranks `0..size`, as rank `rank`.
+    pub fn world(
+        kind: BackendKind,
+        store: Arc<dyn Store>,
+        size: usize,
+        rank: usize,
+        options: CommOptions,
+    ) -> Result<Communicator, CommError> {
+        Communicator::new(kind, store, (0..size).collect(), rank, options)
+    }
+
+    /// This rank's rank within the communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The communicator's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The member list it was created with (`ranks()[rank()]` is this rank's id).
+    pub fn ranks(&self) -> &[usize] {
+        &self.ranks
+    }
+
+    /// The options it was created with.
+    pub fn options(&self) -> &CommOptions {
+        &self.options
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> BackendKind {
+        self.kind
+    }
+
+    /// The transport the backend chose (`"shm"` or `"tcp"` for the host backend).
+    pub fn transport(&self) -> &'static str {
+        self.transport
+    }
+
+    /// The first fatal error, if the communicator is broken.
+    pub fn broken(&self) -> Option<String> {
+        lock(&self.broken).clone()
+    }
+
+    fn invalid(&self, what: String) -> CommError {
+        CommError::InvalidArgument {
+            comm: self.name.clone(),
+            what,
+        }
+    }
+
+    fn check_root(&self, root: usize) -> Result<(), CommError> {
+        if root >= self.size() {
+            return Err(self.invalid(format!(
+                "root {root} is not a rank of a {}-rank communicator",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_len(&self, what: &str, got: usize, expected: usize) -> Result<(), CommError> {
+        if got != expected {
+            return Err(self.invalid(format!("{what} has {got} elements, expected {expected}")));
+        }
+        Ok(())
+    }
+
+    fn check_multiple(&self, what: &str, len: usize) -> Result<(), CommError> {
+        if len % self.size() != 0 {
+            return Err(self.invalid(format!(
+                "{what} has {len} elements, not a multiple of {} ranks",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn submit<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn Backend) -> Result<R, CommError> + Send + 'static,
+    ) -> Result<Work<R>, CommError> {
+        if let Some(cause) = self.broken() {
+            return Err(CommError::Broken {
+                comm: self.name.clone(),
+                cause,
+            });
+        }
+        let (work, done) = pair(&self.name);
+        let job: Job = Box::new(move |engine: &mut Engine| done.complete(engine.execute(f)));
+        let queue = lock(&self.queue);
+        let sender = queue.as_ref().ok_or_else(|| CommError::Broken {
+            comm: self.name.clone(),
+            cause: "the communicator was aborted".into(),
+        })?;
+        sender.send(job).map_err(|_| CommError::Broken {
+            comm: self.name.clone(),
+            cause: "the progress thread has stopped".into(),
+        })?;
+        Ok(work)
+    }
+
+    /// All-reduce in place: every rank ends with the reduction of all ranks' `buf`.
+    pub fn all_reduce<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Work<Vec<T>>, CommError> {
+        self.submit(move |b| {
+            b.all_reduce(Io::InPlace(as_bytes_mut(&mut buf)), T::DTYPE, op)?;
+            Ok(buf)
+        })
+    }
+
+    /// All-reduce out of place: `output` (same length as `input`) receives the reduction. Returns `(input, output)`.
+    pub fn all_reduce_into<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+        self.check_len("all_reduce output", output.len(), input.len())?;
+        self.submit(move |b| {
+            b.all_reduce(
+                Io::OutOfPlace(as_bytes(&input), as_bytes_mut(&mut output)),
+                T::DTYPE,
+                op,
+            )?;
+            Ok((input, output))
+        })
+    }
+
+    /// Broadcast in place: every rank's `buf` becomes `root`'s.
+    pub fn broadcast<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        root: usize,
+    ) -> Result<Work<Vec<T>>, CommError> {
+        self.check_root(root)?;
+        self.submit(move |b| {
+            b.broadcast(Io::InPlace(as_bytes_mut(&mut buf)), T::DTYPE, root)?;
+            Ok(buf)
+        })
+    }
+
+    /// Broadcast out of place: every rank's `output` becomes `root`'s `input` (read only at the root, where it
+    /// must have `output`'s length). Returns `(input, output)`.
+    pub fn broadcast_into<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        root: usize,
+    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+        self.check_root(root)?;
+        if self.rank == root {
+            self.check_len("broadcast input at the root", input.len(), output.len())?;
+        }
+        self.submit(move |b| {
+            b.broadcast(
+                Io::OutOfPlace(as_bytes(&input), as_bytes_mut(&mut output)),
+                T::DTYPE,
+                root,
+            )?;
+            Ok((input, output))
+        })
+    }
+
+    /// Reduce in place: `root`'s `buf` becomes the reduction; other ranks' buffers are left unchanged.
+    pub fn reduce<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Work<Vec<T>>, CommError> {
+        self.check_root(root)?;
+        self.submit(move |b| {
+            b.reduce(Io::InPlace(as_bytes_mut(&mut buf)), T::DTYPE, op, root)?;
+            Ok(buf)
+        })
+    }
+
+    /// Reduce out of place: the root's `output` (length of `input`) receives the reduction; elsewhere `output`
+    /// is ignored and may be empty. Returns `(input, output)`.
+    pub fn reduce_into<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+        self.check_root(root)?;
+        if self.rank == root {
+            self.check_len("reduce output at the root", output.len(), input.len())?;
+        }
+        self.submit(move |b| {
+            b.reduce(
+                Io::OutOfPlace(as_bytes(&input), as_bytes_mut(&mut output)),
+                T::DTYPE,
+                op,
+                root,
+            )?;
+            Ok((input, output))
+        })
+    }
+
+    /// All-gather in place: `buf` holds `size()` equal blocks, this rank's filled in; every block gets filled.
+    pub fn all_gather<T: Element>(&self, mut buf: Vec<T>) -> Result<Work<Vec<T>>, CommError> {
+        self.check_multiple("all_gather buffer", buf.len())?;
+        self.submit(move |b| {
+            b.all_gather(Io::InPlace(as_bytes_mut(&mut buf)), T::DTYPE)?;
+            Ok(buf)
+        })
+    }
+
+    /// All-gather out of place into one buffer: `output` (`size() * input.len()`) receives every rank's `input`
+    /// in rank order. Returns `(input, output)`.
+    pub fn all_gather_into<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+        self.check_len("all_gather output", output.len(), input.len() * self.size())?;
+        self.submit(move |b| {
+            b.all_gather(
+                Io::OutOfPlace(as_bytes(&input), as_bytes_mut(&mut output)),
+                T::DTYPE,
+            )?;
+            Ok((input, output))
+        })
+    }
+
+    /// Reduce-scatter in place: `buf` holds `size()` equal blocks; block `rank()` becomes the reduction of every
+    /// rank's block `rank()`. The other blocks are left unchanged.
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Work<Vec<T>>, CommError> {
+        self.check_multiple("reduce_scatter buffer", buf.len())?;
+        self.submit(move |b| {
+            b.reduce_scatter(Io::InPlace(as_bytes_mut(&mut buf)), T::DTYPE, op)?;
+            Ok(buf)
+        })
+    }
+
+    /// Reduce-scatter out of one buffer: `input` holds `size()` blocks of `output.len()`; `output` receives the
+    /// reduction of every rank's block `rank()`. Returns `(input, output)`.
+    pub fn reduce_scatter_into<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+        self.check_len(
+            "reduce_scatter input",
+            input.len(),
+            output.len() * self.size(),
+        )?;
+        self.submit(move |b| {
+            b.reduce_scatter(
+                Io::OutOfPlace(as_bytes(&input), as_bytes_mut(&mut output)),
+                T::DTYPE,
+                op,
+            )?;
+            Ok((input, output))
+        })
+    }
+
+    /// All-to-all in place with equal blocks: block `d` of `buf` goes to rank `d`, and block `s` is replaced by
+    /// what rank `s` sent.
+    pub fn all_to_all<T: Element>(&self, mut buf: Vec<T>) -> Result<Work<Vec<T>>, CommError> {
+        self.check_multiple("all_to_all buffer", buf.len())?;
+        self.submit(move |b| {
+            b.all_to_all(Io::InPlace(as_bytes_mut(&mut buf)), T::DTYPE)?;
+            Ok(buf)
+        })
+    }
+
+    /// All-to-all out of place with equal blocks. Returns `(input, output)`.
+    pub fn all_to_all_into<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+        self.check_multiple("all_to_all input", input.len())?;
+        self.check_len("all_to_all output", output.len(), input.len())?;
+        self.submit(move |b| {
+            b.all_to_all(
+                Io::OutOfPlace(as_bytes(&input), as_bytes_mut(&mut output)),
+                T::DTYPE,
+            )?;
+            Ok((input, output))
+        })
+    }
+
+    /// All-to-all with per-peer counts: `input` holds `send_counts[d]` elements for each rank `d`, back to back;
+    /// `output` receives `recv_counts[s]` elements from each rank `s`, back to back. Every rank's
+    /// `send_counts[d]` must equal rank `d`'s `recv_counts` entry for it; otherwise every rank gets
+    /// [`CommError::Mismatch`]. Returns `(input, output)`.
+    pub fn all_to_all_v<T: Element>(
+        &self,
+        input: Vec<T>,
+        send_counts: Vec<usize>,
+        mut output: Vec<T>,
+        recv_counts: Vec<usize>,
+    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+        self.check_len("all_to_all_v send_counts", send_counts.len(), self.size())?;
+        self.check_len("all_to_all_v recv_counts", recv_counts.len(), self.size())?;
+        self.check_len("all_to_all_v input", input.len(), send_counts.iter().sum())?;
+        self.check_len(
+            "all_to_all_v output",
+            output.len(),
+            recv_counts.iter().sum(),
+        )?;
+        self.submit(move |b| {
+            b.all_to_all_v(
+                as_bytes(&input),
+                &send_counts,
+                as_bytes_mut(&mut output),
+                &recv_counts,
+                T::DTYPE,
+            )?;
+            Ok((input, output))
+        })
+    }
+
+    /// Gather: the root's `output` (`size() * input.len()`) receives every rank's `input` in rank order; elsewhere
+    /// `output` is ignored and may be empty. Returns `(input, output)`.
+    pub fn gather<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        root: usize,
+    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+        self.check_root(root)?;
+        if self.rank == root {
+            self.check_len(
+                "gather output at the root",
+                output.len(),
+                input.len() * self.size(),
+            )?;
+        }
+        self.submit(move |b| {
+            b.gather(as_bytes(&input), as_bytes_mut(&mut output), T::DTYPE, root)?;
+            Ok((input, output))
+        })
+    }
+
+    /// Scatter: rank `d`'s `output` receives block `d` of the root's `input` (`size() * output.len()` there;
+    /// ignored elsewhere, may be empty). Returns `(input, output)`.
+    pub fn scatter<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        root: usize,
+    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+        self.check_root(root)?;
+        if self.rank == root {
+            self.check_len(
+                "scatter input at the root",
+                input.len(),
+                output.len() * self.size(),
+            )?;
+        }
+        self.submit(move |b| {
+            b.scatter(as_bytes(&input), as_bytes_mut(&mut output), T::DTYPE, root)?;
+            Ok((input, output))
+        })
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<(), CommError> {
+        if peer >= self.size() || peer == self.rank {
+            return Err(self.invalid(format!(
+                "peer {peer} is not another rank of this {}-rank communicator (this is rank {})",
+                self.size(),
+                self.rank
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends `buf` to `peer` with `tag`. Messages between two ranks arrive in order; the matching
+    /// [`recv`](Self::recv) must name the same tag, type and length. A send may wait until the peer receives, so
+    /// order sends and receives so that neither side waits on the other (as with NCCL).
+    pub fn send<T: Element>(
+        &self,
+        buf: Vec<T>,
+        peer: usize,
+        tag: u64,
+    ) -> Result<Work<Vec<T>>, CommError> {
+        self.check_peer(peer)?;
+        self.submit(move |b| {
+            b.send(as_bytes(&buf), T::DTYPE, peer, tag)?;
+            Ok(buf)
+        })
+    }
+
+    /// Receives the next message from `peer` into `buf`. When that message has another tag, type or length, this
+    /// fails with [`CommError::Mismatch`] and leaves the message for a later receive.
+    pub fn recv<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        peer: usize,
+        tag: u64,
+    ) -> Result<Work<Vec<T>>, CommError> {
+        self.check_peer(peer)?;
+        self.submit(move |b| {
+            b.recv(as_bytes_mut(&mut buf), T::DTYPE, peer, tag)?;
+            Ok(buf)
+        })
+    }
+
+    /// Completes once every rank has issued it.
+    pub fn barrier(&self) -> Result<Work<()>, CommError> {
+        self.submit(|b| b.barrier())
+    }
+
+    /// Splits the communicator, with NCCL's semantics: ranks passing the same `color` form a new communicator,
+    /// ordered by `key` and then by rank here; `None` (NCCL's `NCCL_SPLIT_NOCOLOR`) joins nothing and returns
+    /// `None`. Collective: every rank must call it, in the same order relative to other splits. The child's name
+    /// is `<parent>/split<n>/color<c>`, where `n` counts this communicator's splits, so repeated splits never
+    /// collide. The child inherits the parent's options.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>, CommError> {
+        let id = self.splits.fetch_add(1, Ordering::Relaxed);
+        let n = self.size();
+        let mine = vec![color.map_or(u64::MAX, u64::from), key as u64];
+        let (_, all) = self.all_gather_into(mine, vec![0u64; 2 * n])?.wait()?;
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i64, usize)> = (0..n)
+            .filter(|r| all[2 * r] == u64::from(color))
+            .map(|r| (all[2 * r + 1] as i64, r))
+            .collect();
+        members.sort_unstable();
+        let ranks = members.iter().map(|&(_, r)| self.ranks[r]).collect();
+        let options = CommOptions {
+            name: format!("{}/split{id}/color{color}", self.name),
+            ..self.options.clone()
+        };
+        Communicator::new(
+            self.kind,
+            Arc::clone(&self.store),
+            ranks,
+            self.ranks[self.rank],
+            options,
+        )
+        .map(Some)
+    }
+
+    /// Gives up on the communicator: marks it broken, tells the peers (their pending and later operations fail
+    /// at once), lets queued operations fail fast and stops the progress thread.
+    pub fn abort(self) {
+        lock(&self.broken).get_or_insert_with(|| "aborted by this rank".to_owned());
+        if let Some(sender) = lock(&self.queue).take() {
+            let _ = sender.send(Box::new(|engine: &mut Engine| engine.backend.abort()));
+        }
+        // Drop joins the progress thread.
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Closing the queue ends the progress thread after the operations already issued.
+        drop(lock(&self.queue).take());
+        if let Some(handle) = lock(&self.progress).take() {
+            let _ = handle.join();
+        }
+    }
+}

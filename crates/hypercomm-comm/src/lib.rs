@@ -1,0 +1,33 @@
+//! Communicators for hypercomm: one [`Communicator`] face, backends behind it.
+//!
+//! 1. Pick element types: anything implementing the sealed [`Element`] trait (`f32`, `f64`, `half::f16`,
+//!    `half::bf16`, `i8`, `u8`, `i32`, `i64`, `u32`, `u64`), and a [`ReduceOp`] for reducing collectives.
+//! 2. Create a communicator collectively with [`Communicator::new`]: a [`BackendKind`], a shared
+//!    [`Store`](hypercomm_store::Store), the member list, this rank's id and [`CommOptions`]. Options a backend
+//!    cannot honour are rejected by name, never dropped.
+//! 3. Issue collectives. Each takes its buffers by value and returns a [`Work`] handle whose
+//!    [`wait`](Work::wait) gives them back; several may be in flight and they complete in issue order.
+//! 4. On failure, a dead or stalled rank makes every other rank's operations fail within the timeout with an error
+//!    naming the communicator and the missing ranks; the communicator is then broken and
+//!    [`Communicator::abort`] releases it.
+//!
+//! The host backend runs on CPU memory: shared memory on one machine, TCP across machines. See `backends/host`.
+
+mod backend;
+mod backends;
+mod communicator;
+mod element;
+mod error;
+mod options;
+mod reduce;
+mod work;
+
+pub use communicator::Communicator;
+pub use element::{DType, Element, ReduceOp, as_bytes, as_bytes_mut};
+pub use error::CommError;
+pub use options::{Algorithm, BackendKind, CommOptions};
+pub use work::Work;
+
+/// Bytes each rank may read from its peers in one host all-reduce before the selector switches from the latency
+/// path to the bandwidth path (with [`Algorithm::Auto`]).
+pub const HOST_LATENCY_READ_LIMIT: usize = backends::host::LATENCY_READ_LIMIT;

@@ -1,0 +1,231 @@
+//! [`CommOptions`]: how a communicator is set up, including the NCCL knobs other backends must honour or reject.
+
+use std::time::Duration;
+
+use crate::CommError;
+
+/// Which backend runs a communicator's collectives. Named once, at construction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// CPU memory: shared memory between ranks on one machine, TCP between machines.
+    #[default]
+    Host,
+}
+
+impl BackendKind {
+    /// The backend's name in messages (`"host"`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+        }
+    }
+}
+
+/// Which host algorithm family runs a collective. `Auto` picks by message size and rank count; the others force a
+/// path (for tests at the threshold and for benchmarks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// Choose by size (see the host backend's module docs for the thresholds).
+    #[default]
+    Auto,
+    /// Every rank publishes its whole input and reads everyone else's: fewest synchronisations.
+    Latency,
+    /// Chunked, pipelined reduce-scatter plus all-gather: least data moved per rank.
+    Bandwidth,
+}
+
+/// Options for a communicator.
+///
+/// The NCCL knobs (`high_priority_stream` through `traffic_class`) are `None` by default. A backend honours each
+/// one that is set or fails construction with [`CommError::UnsupportedOption`] naming it: no option is dropped
+/// silently. The host backend honours none of them.
+///
+/// ```
+/// use std::time::Duration;
+/// use hypercomm_comm::CommOptions;
+///
+/// let opts = CommOptions { timeout: Duration::from_secs(30), ..CommOptions::named("tp") };
+/// assert_eq!(opts.name, "tp");
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommOptions {
+    /// The communicator's name: its namespace in the store and in every error. Use each name once per store.
+    pub name: String,
+    /// How long any single wait (bootstrap, a collective, a send) may take before the peers are declared missing.
+    pub timeout: Duration,
+    /// Host backend: use TCP even between ranks on the same machine.
+    pub force_tcp: bool,
+    /// Host backend: force an algorithm family instead of choosing by size.
+    pub algorithm: Algorithm,
+    /// Host backend: bytes of staging area per rank and round (default 1 MiB); large messages are pipelined
+    /// through it in pieces.
+    pub scratch_bytes: Option<usize>,
+    /// NCCL: run on a high-priority CUDA stream.
+    pub high_priority_stream: Option<bool>,
+    /// NCCL: CGA cluster size (`NCCL_CGA_CLUSTER_SIZE`).
+    pub cga_cluster_size: Option<u32>,
+    /// NCCL: minimum CTAs per collective.
+    pub min_ctas: Option<u32>,
+    /// NCCL: maximum CTAs per collective.
+    pub max_ctas: Option<u32>,
+    /// NCCL: network plugin name.
+    pub net_name: Option<String>,
+    /// NCCL: blocking (`true`) or non-blocking communicator calls.
+    pub blocking: Option<bool>,
+    /// NCCL: share resources with the parent on split.
+    pub split_share: Option<bool>,
+    /// NCCL: IB traffic class.
+    pub traffic_class: Option<u32>,
+}
+
+impl Default for CommOptions {
+    fn default() -> Self {
+        CommOptions::named("world")
+    }
+}
+
+impl CommOptions {
+    /// Default options with the given name: 5-minute timeout, automatic transport and algorithm, no NCCL knobs.
+    pub fn named(name: impl Into<String>) -> Self {
+        CommOptions {
+            name: name.into(),
+            timeout: Duration::from_secs(300),
+            force_tcp: false,
+            algorithm: Algorithm::Auto,
+            scratch_bytes: None,
+            high_priority_stream: None,
+            cga_cluster_size: None,
+            min_ctas: None,
+            max_ctas: None,
+            net_name: None,
+            blocking: None,
+            split_share: None,
+            traffic_class: None,
+        }
+    }
+
+    /// The names of the NCCL-only knobs that are set, in field order.
+    pub fn nccl_knobs_set(&self) -> Vec<&'static str> {
+        let mut set = Vec::new();
+        let mut note = |on: bool, name| {
+            if on {
+                set.push(name)
+            }
+        };
+        note(self.high_priority_stream.is_some(), "high_priority_stream");
+        note(self.cga_cluster_size.is_some(), "cga_cluster_size");
+        note(self.min_ctas.is_some(), "min_ctas");
+        note(self.max_ctas.is_some(), "max_ctas");
+        note(self.net_name.is_some(), "net_name");
+        note(self.blocking.is_some(), "blocking");
+        note(self.split_share.is_some(), "split_share");
+        note(self.traffic_class.is_some(), "traffic_class");
+        set
+    }
+
+    /// Checks the options against what `backend` implements.
+    pub fn validate_for(&self, backend: BackendKind) -> Result<(), CommError> {
+        match backend {
+            BackendKind::Host => {
+                if let Some(option) = self.nccl_knobs_set().first() {
+                    return Err(CommError::UnsupportedOption {
+                        backend: backend.name(),
+                        option,
+                    });
+                }
+                if self.scratch_bytes.is_some_and(|b| b < 64) {
+                    return Err(CommError::InvalidArgument {
+                        comm: self.name.clone(),
+                        what: format!(
+                            "scratch_bytes={:?} is below the minimum of 64",
+                            self.scratch_bytes
+                        ),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_rejects_every_nccl_knob_by_name() {
+        let cases: Vec<(&str, CommOptions)> = vec![
+            (
+                "high_priority_stream",
+                CommOptions {
+                    high_priority_stream: Some(true),
+                    ..Default::default()
+                },
+            ),
+            (
+                "cga_cluster_size",
+                CommOptions {
+                    cga_cluster_size: Some(2),
+                    ..Default::default()
+                },
+            ),
+            (
+                "min_ctas",
+                CommOptions {
+                    min_ctas: Some(1),
+                    ..Default::default()
+                },
+            ),
+            (
+                "max_ctas",
+                CommOptions {
+                    max_ctas: Some(8),
+                    ..Default::default()
+                },
+            ),
+            (
+                "net_name",
+                CommOptions {
+                    net_name: Some("IB".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "blocking",
+                CommOptions {
+                    blocking: Some(false),
+                    ..Default::default()
+                },
+            ),
+            (
+                "split_share",
+                CommOptions {
+                    split_share: Some(true),
+                    ..Default::default()
+                },
+            ),
+            (
+                "traffic_class",
+                CommOptions {
+                    traffic_class: Some(3),
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (name, opts) in cases {
+            match opts.validate_for(BackendKind::Host) {
+                Err(CommError::UnsupportedOption {
+                    backend: "host",
+                    option,
+                }) => assert_eq!(option, name),
+                other => panic!("{name}: expected rejection, got {other:?}"),
+            }
+        }
+        assert!(
+            CommOptions::default()
+                .validate_for(BackendKind::Host)
+                .is_ok()
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! [`Work`]: the handle of an operation running on a communicator's progress thread.
+//!
+//! Why ownership: an asynchronous collective reads and writes its buffers after the call returns, so the caller
+//! must not touch them until it completes. The simplest design that the compiler checks without `unsafe` is to
+//! move the buffers into the operation and hand them back from [`Work::wait`]. There is no way to reach a buffer
+//! that is still in use, and dropping a handle early is harmless (the operation finishes and frees its buffers).
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::CommError;
+
+struct Slot<R> {
+    result: Mutex<Option<Result<R, CommError>>>,
+    done: Condvar,
+}
+
+impl<R> Slot<R> {
+    fn lock(&self) -> MutexGuard<'_, Option<Result<R, CommError>>> {
+        // Critical sections only move an Option in or out; a poisoned lock still holds a consistent value.
+        self.result.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The pending result of an operation: the buffers it borrowed, or the error that stopped it.
+///
+/// Operations on one communicator complete in the order they were issued.
+#[must_use = "an operation's buffers come back only through wait()"]
+pub struct Work<R> {
+    slot: Arc<Slot<R>>,
+}
+
+/// The progress thread's side of a [`Work`]. Dropping it without completing reports a broken communicator, so a
+/// waiter never hangs on an operation that will not run.
+pub(crate) struct Completer<R> {
+    slot: Option<Arc<Slot<R>>>,
+    comm: String,
+}
+
+/// A new handle and the completer that fulfils it.
+pub(crate) fn pair<R>(comm: &str) -> (Work<R>, Completer<R>) {
+    let slot = Arc::new(Slot {
+        result: Mutex::new(None),
+        done: Condvar::new(),
+    });
+    (
+        Work {
+            slot: Arc::clone(&slot),
+        },
+        Completer {
+            slot: Some(slot),
+            comm: comm.to_owned(),
+        },
+    )
+}
+
+impl<R> Completer<R> {
+    pub(crate) fn complete(mut self, result: Result<R, CommError>) {
+        if let Some(slot) = self.slot.take() {
+            *slot.lock() = Some(result);
+            slot.done.notify_all();
+        }
+    }
+}
+
+impl<R> Drop for Completer<R> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            *slot.lock() = Some(Err(CommError::Broken {
+                comm: self.comm.clone(),
+                cause: "the operation was dropped before it ran (progress thread stopped)".into(),
+            }));
+            slot.done.notify_all();
+        }
+    }
+}
+
+impl<R> Work<R> {
+    /// Blocks until the operation completes; returns its buffers or its error. The operation's own waits are
+    /// bounded by the communicator's timeout, so this returns within about that long after the operations issued
+    /// before it.
+    pub fn wait(self) -> Result<R, CommError> {
+        let mut guard = self.slot.lock();
+        loop {
+            if let Some(result) = guard.take() {
+                return result;
+            }
+            guard = self
+                .slot
+                .done
+                .wait(guard)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Waits up to `timeout` for completion and says whether the operation has completed; the result stays in
+    /// the handle for [`Work::wait`].
+    pub fn wait_timeout(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.slot.lock();
+        while guard.is_none() {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            guard = self
+                .slot
+                .done
+                .wait_timeout(guard, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        true
+    }
+
+    /// Whether the operation has completed (successfully or not). Never blocks.
+    pub fn is_completed(&self) -> bool {
+        self.slot.lock().is_some()
+    }
+}
+
+impl<R> std::fmt::Debug for Work<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work")
+            .field("completed", &self.is_completed())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completes_once_and_reports_drops() {
+        let (work, done) = pair::<u32>("c");
+        assert!(!work.is_completed());
+        assert!(!work.wait_timeout(Duration::from_millis(1)));
+        done.complete(Ok(7));
+        assert!(work.is_completed());
+        assert_eq!(work.wait().unwrap(), 7);
+
+        let (work, done) = pair::<u32>("c");
+        drop(done);
+        assert!(matches!(work.wait(), Err(CommError::Broken { .. })));
+    }
+}

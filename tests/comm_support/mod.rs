@@ -1,0 +1,155 @@
+//! Shared helpers for the communicator tests: ranks as threads, test values, and independent reference results.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hypercomm::comm::{BackendKind, CommOptions, Communicator, DType, Element, ReduceOp};
+use hypercomm::store::MemoryStore;
+
+/// Runs `body` on `n` ranks, each a thread with its own communicator over one shared `MemoryStore`; returns the
+/// ranks' results in rank order.
+pub fn on_threads<R: Send + 'static>(
+    n: usize,
+    options: CommOptions,
+    body: impl Fn(Communicator) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    let store = Arc::new(MemoryStore::new());
+    let body = Arc::new(body);
+    let handles: Vec<_> = (0..n)
+        .map(|me| {
+            let store = Arc::clone(&store);
+            let body = Arc::clone(&body);
+            let options = options.clone();
+            std::thread::spawn(move || {
+                let comm = Communicator::world(BackendKind::Host, store, n, me, options)
+                    .expect("bootstrap");
+                body(comm)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread panicked"))
+        .collect()
+}
+
+/// Options with a name, a generous timeout for a loaded 2-core machine, and the transport chosen.
+pub fn options(name: &str, tcp: bool) -> CommOptions {
+    CommOptions {
+        timeout: Duration::from_secs(60),
+        force_tcp: tcp,
+        ..CommOptions::named(name)
+    }
+}
+
+/// Test element: conversion from small integers and to f64 for comparisons.
+pub trait TestElem: Element {
+    fn from_i64(v: i64) -> Self;
+    fn to_f64(self) -> f64;
+    /// Reference reduction of one position's values (in rank order) computed in i128 / f64 and converted with
+    /// this type's rules (wrapping for integers, one rounding for floats).
+    fn reference(op: ReduceOp, vals: &[i64]) -> Self;
+}
+
+macro_rules! int_elem {
+    ($($t:ty),*) => {$(
+        impl TestElem for $t {
+            fn from_i64(v: i64) -> Self { v as $t }
+            fn to_f64(self) -> f64 { self as f64 }
+            fn reference(op: ReduceOp, vals: &[i64]) -> Self {
+                let xs: Vec<$t> = vals.iter().map(|&v| v as $t).collect();
+                let wrap = |x: i128| x as $t;
+                match op {
+                    ReduceOp::Sum => wrap(xs.iter().map(|&x| x as i128).sum::<i128>()),
+                    ReduceOp::Prod => xs.iter().fold(1 as $t, |a, &x| a.wrapping_mul(x)),
+                    ReduceOp::Min => *xs.iter().min().unwrap(),
+                    ReduceOp::Max => *xs.iter().max().unwrap(),
+                    ReduceOp::Avg => {
+                        let s = wrap(xs.iter().map(|&x| x as i128).sum::<i128>());
+                        (s as i128 / xs.len() as i128) as $t
+                    }
+                }
+            }
+        }
+    )*};
+}
+int_elem!(i8, u8, i32, i64, u32, u64);
+
+macro_rules! float_elem {
+    ($($t:ty => $from:expr, $to:expr);*) => {$(
+        impl TestElem for $t {
+            fn from_i64(v: i64) -> Self { $from(v as f64) }
+            fn to_f64(self) -> f64 { $to(self) }
+            fn reference(op: ReduceOp, vals: &[i64]) -> Self {
+                let xs: Vec<f64> = vals.iter().map(|&v| v as f64).collect();
+                let r = match op {
+                    ReduceOp::Sum => xs.iter().sum(),
+                    ReduceOp::Prod => xs.iter().product(),
+                    ReduceOp::Min => xs.iter().cloned().fold(f64::INFINITY, f64::min),
+                    ReduceOp::Max => xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+                    ReduceOp::Avg => xs.iter().sum::<f64>() / xs.len() as f64,
+                };
+                $from(r)
+            }
+        }
+    )*};
+}
+float_elem!(
+    f32 => |x: f64| x as f32, |x: f32| x as f64;
+    f64 => |x: f64| x, |x: f64| x;
+    half::f16 => half::f16::from_f64, |x: half::f16| x.to_f64();
+    half::bf16 => half::bf16::from_f64, |x: half::bf16| x.to_f64()
+);
+
+/// The value rank `r` contributes at index `i` for `op`: small integers whose sums and products every type
+/// represents exactly (products use only -1, 1 and 2 so eight ranks stay below 2^8).
+pub fn value(dtype: DType, op: ReduceOp, r: usize, i: usize) -> i64 {
+    let signed = matches!(
+        dtype,
+        DType::I8 | DType::I32 | DType::I64 | DType::F32 | DType::F64 | DType::F16 | DType::BF16
+    );
+    let h = (i * 7 + r * 3 + i / 5) as i64;
+    match op {
+        ReduceOp::Prod => [1, 2, if signed { -1 } else { 1 }][(h % 3) as usize],
+        _ if signed => h % 11 - 5,
+        _ => h % 11,
+    }
+}
+
+pub fn values<T: TestElem>(op: ReduceOp, r: usize, len: usize) -> Vec<T> {
+    (0..len)
+        .map(|i| T::from_i64(value(T::DTYPE, op, r, i)))
+        .collect()
+}
+
+pub fn expected<T: TestElem>(op: ReduceOp, n: usize, len: usize) -> Vec<T> {
+    (0..len)
+        .map(|i| {
+            T::reference(
+                op,
+                &(0..n)
+                    .map(|r| value(T::DTYPE, op, r, i))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect()
+}
+
+/// Compares with the tolerance a float average needs (exact elsewhere).
+pub fn assert_close<T: TestElem>(got: &[T], want: &[T], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let tol = match T::DTYPE {
+        DType::F16 => 1e-3,
+        DType::BF16 => 1e-2,
+        DType::F32 => 1e-6,
+        _ => 0.0,
+    };
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let (g, w) = (g.to_f64(), w.to_f64());
+        assert!(
+            (g - w).abs() <= tol * w.abs().max(1.0),
+            "{what}: index {i}: got {g}, want {w}"
+        );
+    }
+}
