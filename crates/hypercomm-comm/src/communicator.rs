@@ -608,6 +608,17 @@ impl Communicator {
     /// is `<parent>/split<n>/color<c>`, where `n` counts this communicator's splits, so repeated splits never
     /// collide. The child inherits the parent's options.
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>, CommError> {
+        self.split_with(color, key, self.options.clone())
+    }
+
+    /// [`split`](Self::split) with other options for the child (like `ncclCommSplit`'s config argument).
+    /// `options.name` is replaced by the derived child name.
+    pub fn split_with(
+        &self,
+        color: Option<u32>,
+        key: i64,
+        options: CommOptions,
+    ) -> Result<Option<Communicator>, CommError> {
         let id = self.splits.fetch_add(1, Ordering::Relaxed);
         let n = self.size();
         let mine = vec![color.map_or(u64::MAX, u64::from), key as u64];
