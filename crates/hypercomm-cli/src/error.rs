@@ -29,6 +29,12 @@ impl From<hypercomm_grid::GridError> for CliError {
     }
 }
 
+impl From<hypercomm_grid::layout::LayoutError> for CliError {
+    fn from(err: hypercomm_grid::layout::LayoutError) -> Self {
+        CliError::Usage(err.to_string())
+    }
+}
+
 impl From<std::io::Error> for CliError {
     fn from(err: std::io::Error) -> Self {
         CliError::Failed(format!("cannot write output: {err}"))

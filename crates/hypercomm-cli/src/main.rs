@@ -23,12 +23,15 @@ struct Cli {
 enum Command {
     /// Print the groups of a grid over named dimensions.
     Grid(commands::grid::Args),
+    /// Print the groups of a Megatron-Core layout, or one rank's groups.
+    Layout(commands::layout::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Grid(args) => commands::grid::run(args),
+        Command::Layout(args) => commands::layout::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -107,6 +107,14 @@ pub enum GridError {
         /// Its group in the base.
         base_group: Vec<usize>,
     },
+    /// A group cut into a number of parts that does not divide it.
+    #[error("groups of {size} ranks cannot be cut into {parts} equal parts")]
+    Parts {
+        /// The number of parts asked for.
+        parts: usize,
+        /// The group size.
+        size: usize,
+    },
     /// Text that is not a grid description.
     #[error("cannot parse {text:?} as {what}: {why}")]
     Parse {

@@ -60,6 +60,16 @@ impl Odometer {
         }
     }
 
+    /// The offset `Σ coord · stride` of the position with mixed-radix index `index` on these axes.
+    fn offset_at(&self, mut index: usize) -> usize {
+        let mut offset = 0;
+        for &(stride, size) in &self.axes {
+            offset += (index % size) * stride;
+            index /= size;
+        }
+        offset
+    }
+
     /// The mixed-radix index of `local` (a rank minus the grid offset) on these axes, and its offset
     /// `Σ coord · stride` on them.
     fn position(&self, local: usize) -> (usize, usize) {
@@ -220,6 +230,105 @@ impl Grid {
     }
 }
 
+impl Grid {
+    /// The part of `rank`'s group over `set` that holds it, when each group is cut into `parts` runs of
+    /// consecutive members. Megatron-Core cuts data-parallel groups this way among distributed-optimizer
+    /// instances. `index` is the rank's position in its part; `group` numbers parts `parent_group * parts + part`.
+    ///
+    /// Fails when `parts` is 0 or does not divide the group size.
+    ///
+    /// ```
+    /// use hypercomm_grid::Grid;
+    ///
+    /// let grid = Grid::new([("cp", 2), ("dp", 4)])?;
+    /// let set = grid.select(["dp", "cp"])?;
+    /// let m = grid.group_part_of(5, set, 2)?;
+    /// assert_eq!((m.members, m.index, m.group), (vec![4, 5, 6, 7], 1, 1));
+    /// # Ok::<(), hypercomm_grid::GridError>(())
+    /// ```
+    pub fn group_part_of(
+        &self,
+        rank: usize,
+        set: DimSet,
+        parts: usize,
+    ) -> Result<Membership, GridError> {
+        let local = self.local(rank)?;
+        let inner = Odometer::over(self, set);
+        let size = inner.count();
+        let part_size = part_size(size, parts)?;
+        let (position, inner_offset) = inner.position(local);
+        let (parent, _) =
+            Odometer::over(self, DimSet::all(self.dims().len()).difference(set)).position(local);
+        let base = rank - inner_offset;
+        let part = position / part_size;
+        let members = (part * part_size..(part + 1) * part_size)
+            .map(|q| base + inner.offset_at(q))
+            .collect();
+        Ok(Membership {
+            members,
+            index: position % part_size,
+            group: parent * parts + part,
+        })
+    }
+
+    /// Every part of every group over `set` cut into `parts` runs of consecutive members, in the order
+    /// [`Grid::group_part_of`] numbers them.
+    pub fn group_parts_in(
+        &self,
+        set: DimSet,
+        parts: usize,
+    ) -> Result<impl ExactSizeIterator<Item = Vec<usize>> + Send + use<>, GridError> {
+        let groups = self.groups_in(set);
+        let part_size = part_size(groups.group_size(), parts)?;
+        Ok(PartsIter {
+            groups,
+            part_size,
+            current: Vec::new(),
+            next_part: parts,
+            parts,
+        })
+    }
+}
+
+fn part_size(size: usize, parts: usize) -> Result<usize, GridError> {
+    if parts == 0 || size % parts != 0 {
+        return Err(GridError::Parts { parts, size });
+    }
+    Ok(size / parts)
+}
+
+/// Streams the parts of each group in turn.
+struct PartsIter {
+    groups: Groups,
+    part_size: usize,
+    current: Vec<usize>,
+    next_part: usize,
+    parts: usize,
+}
+
+impl Iterator for PartsIter {
+    type Item = Vec<usize>;
+
+    fn next(&mut self) -> Option<Vec<usize>> {
+        if self.next_part == self.parts {
+            if !self.groups.next_into(&mut self.current) {
+                return None;
+            }
+            self.next_part = 0;
+        }
+        let start = self.next_part * self.part_size;
+        self.next_part += 1;
+        Some(self.current[start..start + self.part_size].to_vec())
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.groups.len() * self.parts + (self.parts - self.next_part);
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for PartsIter {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +419,27 @@ mod tests {
         }
         assert_eq!(seen, 8);
         assert_eq!(groups.len(), 0);
+    }
+
+    #[test]
+    fn parts_agree_between_streaming_and_direct() {
+        let grid = Grid::new([("tp", 2), ("cp", 3), ("dp", 4)]).unwrap();
+        let set = grid.select(["dp", "cp"]).unwrap();
+        let parts: Vec<Vec<usize>> = grid.group_parts_in(set, 4).unwrap().collect();
+        assert_eq!(parts.len(), 8);
+        assert_eq!(parts[0], vec![0, 2, 4]);
+        assert_eq!(parts[1], vec![6, 8, 10]);
+        for (index, part) in parts.iter().enumerate() {
+            for (position, &rank) in part.iter().enumerate() {
+                let m = grid.group_part_of(rank, set, 4).unwrap();
+                assert_eq!((&m.members, m.index, m.group), (part, position, index));
+            }
+        }
+        assert_eq!(
+            grid.group_parts_in(set, 5).err(),
+            Some(GridError::Parts { parts: 5, size: 12 })
+        );
+        assert!(grid.group_part_of(0, set, 0).is_err());
     }
 
     #[test]

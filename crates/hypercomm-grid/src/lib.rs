@@ -35,6 +35,8 @@
 //!
 //! What to use:
 //! - [`Grid`]: build a grid, map ranks to coordinates and back, [`Grid::groups`] and [`Grid::group_of`].
+//! - [`layout`]: Megatron-Core layouts (`tp`, `pp`, `cp`, `ep`, `etp`, order, offset, distributed-optimizer
+//!   instances, hierarchical cp) and all 22 group kinds of its `ProcessGroupCollection`.
 //! - [`GridView`]: a second grid over the same ranks that must agree with a base grid on shared dimensions (the
 //!   expert grid sharing `pp` with the decoder grid).
 //! - [`strategies`] (cargo feature `proptest`): proptest strategies for grids and layouts, bounded by a world
@@ -45,6 +47,7 @@ mod dimset;
 mod error;
 mod grid;
 mod groups;
+pub mod layout;
 mod view;
 
 #[cfg(test)]

@@ -119,3 +119,72 @@ proptest! {
         prop_assert_eq!(GridView::new(&grid, moved, [last.name.as_str()]).is_ok(), same);
     }
 }
+
+mod layouts {
+    use std::collections::BTreeSet;
+
+    use proptest::prelude::*;
+
+    use crate::layout::GroupKind;
+    use crate::strategies::arb_layout;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Every kind: groups are ascending, those of a partitioning kind cover every rank once, and each rank's
+        /// directly computed memberships are exactly the streamed groups that hold it, at the right position.
+        #[test]
+        fn group_of_agrees_with_groups_for_every_kind(layout in arb_layout(96)) {
+            for kind in layout.kinds() {
+                let all: Vec<Vec<usize>> = layout.groups(kind).unwrap().collect();
+                prop_assert_eq!(all.len(), layout.groups(kind).unwrap().len());
+                let partitions = !matches!(kind, GroupKind::Embd | GroupKind::PosEmbd | GroupKind::Hcp);
+                let mut seen = BTreeSet::new();
+                for group in &all {
+                    prop_assert!(group.windows(2).all(|w| w[0] < w[1]), "{}: {:?}", kind, group);
+                    for &rank in group {
+                        prop_assert!(layout.ranks().contains(&rank));
+                        if partitions {
+                            prop_assert!(seen.insert(rank), "{}: rank {} twice", kind, rank);
+                        }
+                    }
+                }
+                if partitions {
+                    prop_assert_eq!(seen.len(), layout.world());
+                }
+                for rank in layout.ranks() {
+                    let mine = layout.memberships(rank, kind).unwrap();
+                    let holding: Vec<&Vec<usize>> = all.iter().filter(|g| g.contains(&rank)).collect();
+                    prop_assert_eq!(mine.len(), holding.len(), "{} rank {}", kind, rank);
+                    for m in &mine {
+                        prop_assert!(holding.contains(&&m.members), "{} rank {}: {:?}", kind, rank, m);
+                        prop_assert_eq!(m.members[m.index], rank);
+                    }
+                }
+            }
+        }
+
+        /// Ranks in one group agree on its index, and different groups of a kind have different indices.
+        #[test]
+        fn group_indices_name_groups_consistently(layout in arb_layout(64)) {
+            for kind in layout.kinds() {
+                let mut by_index = std::collections::BTreeMap::new();
+                for rank in layout.ranks() {
+                    for m in layout.memberships(rank, kind).unwrap() {
+                        let level = layout.memberships(rank, kind).unwrap().iter().position(|x| x == &m);
+                        let previous = by_index.insert((level, m.group), m.members.clone());
+                        if let Some(previous) = previous {
+                            prop_assert_eq!(previous, m.members, "{} group {}", kind, m.group);
+                        }
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn layouts_round_trip_through_json(layout in arb_layout(128)) {
+            let json = serde_json::to_string(&layout).unwrap();
+            prop_assert_eq!(serde_json::from_str::<crate::layout::ParallelLayout>(&json).unwrap(), layout);
+        }
+    }
+}

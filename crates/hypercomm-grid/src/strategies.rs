@@ -75,3 +75,64 @@ pub fn arb_grid_and_rank(max_world: usize) -> impl Strategy<Value = (Grid, usize
         (Just(grid), ranks)
     })
 }
+
+fn divisors(n: usize) -> Vec<usize> {
+    (1..=n).filter(|d| n % d == 0).collect()
+}
+
+/// Valid Megatron-Core layouts of at most `max_world` ranks: every parallel size, a shuffled order, an offset,
+/// distributed-optimizer instances and hierarchical cp sizes. Invalid combinations (an order that puts pp
+/// before dp while expert dp differs from dp) are filtered out.
+pub fn arb_layout(max_world: usize) -> impl Strategy<Value = crate::layout::ParallelLayout> {
+    use crate::layout::LayoutConfig;
+    let max_world = max_world.max(1);
+    (
+        arb_sizes(max_world).prop_map(|s| {
+            // Reuse the bounded sizes: tp, cp, dp, pp from the first four (missing ones are 1).
+            let at = |i: usize| s.get(i).copied().unwrap_or(1);
+            (at(0), at(1), at(2), at(3))
+        }),
+        Just(["tp", "cp", "ep", "dp", "pp"].to_vec()).prop_shuffle(),
+        any::<proptest::sample::Index>(),
+        any::<proptest::sample::Index>(),
+        any::<proptest::sample::Index>(),
+        any::<proptest::sample::Index>(),
+        0..=max_world,
+    )
+        .prop_filter_map(
+            "order puts pp before dp while expert dp differs",
+            |((tp, cp, dp, pp), order, etp_pick, ep_pick, inst_pick, hcp_pick, offset)| {
+                let inner = tp * cp * dp;
+                let etp_choices = divisors(inner);
+                let etp = etp_choices[etp_pick.index(etp_choices.len())];
+                let ep_choices = divisors(inner / etp);
+                let ep = ep_choices[ep_pick.index(ep_choices.len())];
+                let expert_dp = inner / (etp * ep);
+                let common = divisors(gcd(dp * cp, expert_dp));
+                let instances = common[inst_pick.index(common.len())];
+                let cp_parts = divisors(cp);
+                let first = cp_parts[hcp_pick.index(cp_parts.len())];
+                let hcp = if first == cp {
+                    vec![cp]
+                } else {
+                    vec![first, cp / first]
+                };
+                LayoutConfig::new(inner * pp)
+                    .tp(tp)
+                    .cp(cp)
+                    .pp(pp)
+                    .ep(ep)
+                    .etp(etp)
+                    .order(&order.join("-"))
+                    .rank_offset(offset)
+                    .dist_opt_instances(instances)
+                    .hcp_sizes(hcp)
+                    .build()
+                    .ok()
+            },
+        )
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
