@@ -338,6 +338,14 @@ mod tests {
     }
 
     #[test]
+    fn handle_can_be_shared_across_threads() {
+        // The NCCL backend keeps one `Nccl` per process group behind an `Arc`; this must keep compiling.
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Nccl>();
+        assert_send_sync::<LoadError>();
+    }
+
+    #[test]
     fn open_names_the_path_it_could_not_use() {
         let err = Nccl::open("/nonexistent/hypercomm/libnccl.so.2").unwrap_err();
         assert!(
