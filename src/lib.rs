@@ -2,6 +2,8 @@
 //!
 //! This crate re-exports the member crates so that an application needs one dependency:
 //!
+//! - [`grid`]: pure topology. Grids over named dimensions, the groups of any set of dimensions, one rank's
+//!   group computed directly, and Megatron-Core compatible layouts.
 //! - [`store`]: rendezvous. The key-value store every communicator bootstraps through.
 //! - [`comm`]: communicators. One `Communicator` face; the host backend runs on shared memory and TCP.
 //!
@@ -9,4 +11,5 @@
 //! number of worlds live side by side in one process.
 
 pub use hypercomm_comm as comm;
+pub use hypercomm_grid as grid;
 pub use hypercomm_store as store;
