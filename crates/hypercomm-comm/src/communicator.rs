@@ -21,6 +21,9 @@ use crate::work::{Work, pair};
 
 type Job = Box<dyn FnOnce(&mut Engine) + Send>;
 
+/// What an out-of-place operation gives back: its `(input, output)` buffers.
+pub type InOut<T> = (Vec<T>, Vec<T>);
+
 /// The progress thread's state: the backend and whether the communicator is broken.
 struct Engine {
     backend: Box<dyn Backend>,
@@ -305,7 +308,7 @@ impl Communicator {
         input: Vec<T>,
         mut output: Vec<T>,
         op: ReduceOp,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+    ) -> Result<Work<InOut<T>>, CommError> {
         self.check_len("all_reduce output", output.len(), input.len())?;
         self.submit(move |b| {
             b.all_reduce(
@@ -337,7 +340,7 @@ impl Communicator {
         input: Vec<T>,
         mut output: Vec<T>,
         root: usize,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+    ) -> Result<Work<InOut<T>>, CommError> {
         self.check_root(root)?;
         if self.rank == root {
             self.check_len("broadcast input at the root", input.len(), output.len())?;
@@ -374,7 +377,7 @@ impl Communicator {
         mut output: Vec<T>,
         op: ReduceOp,
         root: usize,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+    ) -> Result<Work<InOut<T>>, CommError> {
         self.check_root(root)?;
         if self.rank == root {
             self.check_len("reduce output at the root", output.len(), input.len())?;
@@ -405,7 +408,7 @@ impl Communicator {
         &self,
         input: Vec<T>,
         mut output: Vec<T>,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+    ) -> Result<Work<InOut<T>>, CommError> {
         self.check_len("all_gather output", output.len(), input.len() * self.size())?;
         self.submit(move |b| {
             b.all_gather(
@@ -437,7 +440,7 @@ impl Communicator {
         input: Vec<T>,
         mut output: Vec<T>,
         op: ReduceOp,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+    ) -> Result<Work<InOut<T>>, CommError> {
         self.check_len(
             "reduce_scatter input",
             input.len(),
@@ -468,7 +471,7 @@ impl Communicator {
         &self,
         input: Vec<T>,
         mut output: Vec<T>,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+    ) -> Result<Work<InOut<T>>, CommError> {
         self.check_multiple("all_to_all input", input.len())?;
         self.check_len("all_to_all output", output.len(), input.len())?;
         self.submit(move |b| {
@@ -490,7 +493,7 @@ impl Communicator {
         send_counts: Vec<usize>,
         mut output: Vec<T>,
         recv_counts: Vec<usize>,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+    ) -> Result<Work<InOut<T>>, CommError> {
         self.check_len("all_to_all_v send_counts", send_counts.len(), self.size())?;
         self.check_len("all_to_all_v recv_counts", recv_counts.len(), self.size())?;
         self.check_len("all_to_all_v input", input.len(), send_counts.iter().sum())?;
@@ -518,7 +521,7 @@ impl Communicator {
         input: Vec<T>,
         mut output: Vec<T>,
         root: usize,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+    ) -> Result<Work<InOut<T>>, CommError> {
         self.check_root(root)?;
         if self.rank == root {
             self.check_len(
@@ -540,7 +543,7 @@ impl Communicator {
         input: Vec<T>,
         mut output: Vec<T>,
         root: usize,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, CommError> {
+    ) -> Result<Work<InOut<T>>, CommError> {
         self.check_root(root)?;
         if self.rank == root {
             self.check_len(
@@ -632,7 +635,7 @@ impl Communicator {
         let ranks = members.iter().map(|&(_, r)| self.ranks[r]).collect();
         let options = CommOptions {
             name: format!("{}/split{id}/color{color}", self.name),
-            ..self.options.clone()
+            ..options
         };
         Communicator::new(
             self.kind,

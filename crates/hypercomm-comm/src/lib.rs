@@ -22,7 +22,7 @@ mod options;
 mod reduce;
 mod work;
 
-pub use communicator::Communicator;
+pub use communicator::{Communicator, InOut};
 pub use element::{DType, Element, ReduceOp, as_bytes, as_bytes_mut};
 pub use error::CommError;
 pub use options::{Algorithm, BackendKind, CommOptions};

@@ -13,10 +13,14 @@
 //! The selector ([`Algorithm::Auto`]) takes the latency path while `bytes * (n - 1) <= LATENCY_READ_LIMIT`, the
 //! point where reading every peer's whole buffer starts to cost more than the bandwidth path's extra round.
 
+// A publication's wanted ranges are lists that often hold one range; indexing the count matrix by rank pairs reads
+// better than iterator chains.
+#![allow(clippy::single_range_in_vec_init, clippy::needless_range_loop)]
+
 use std::ops::Range;
 
 use super::header::{Header, OpKind};
-use super::transport::{Peers, Round, Seg, Transport};
+use super::transport::{Consume, Round, Seg, Transport};
 use crate::CommError;
 use crate::element::{DType, ReduceOp};
 use crate::options::Algorithm;
@@ -76,7 +80,7 @@ impl Ctx<'_> {
         wants: &dyn Fn(usize, usize) -> Vec<Range<usize>>,
         input: &[u8],
         out: &mut [u8],
-        consume: &mut dyn FnMut(&mut [u8], &dyn Peers) -> Result<(), CommError>,
+        consume: &mut Consume<'_>,
     ) -> Result<(), CommError> {
         let header = Header {
             extra: index,

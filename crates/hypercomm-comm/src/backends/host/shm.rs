@@ -79,15 +79,17 @@ impl ShmTransport {
         blockers: &dyn Fn() -> Vec<usize>,
     ) -> Result<(), CommError> {
         let start = Instant::now();
+        // Once any rank has aborted, nothing more is consumed, even rounds whose data is all there.
+        self.check_aborted(during)?;
         for _ in 0..SPINS {
             if ready() {
-                return Ok(());
+                return self.check_aborted(during);
             }
             std::hint::spin_loop();
         }
         for _ in 0..YIELDS {
             if ready() {
-                return Ok(());
+                return self.check_aborted(during);
             }
             std::thread::yield_now();
         }
@@ -95,13 +97,13 @@ impl ShmTransport {
         loop {
             let seen = h.doorbell.load(SeqCst);
             if ready() {
-                return Ok(());
+                return self.check_aborted(during);
             }
             self.check(during, blockers, start)?;
             h.sleepers.fetch_add(1, SeqCst);
             if ready() {
                 h.sleepers.fetch_sub(1, SeqCst);
-                return Ok(());
+                return self.check_aborted(during);
             }
             let slice = rustix::thread::futex::Timespec {
                 tv_sec: 0,
@@ -118,13 +120,7 @@ impl ShmTransport {
         }
     }
 
-    /// Fails when a peer aborted, an awaited rank's process is gone, or the timeout has passed.
-    fn check(
-        &self,
-        during: &dyn Fn() -> String,
-        blockers: &dyn Fn() -> Vec<usize>,
-        start: Instant,
-    ) -> Result<(), CommError> {
+    fn check_aborted(&self, during: &dyn Fn() -> String) -> Result<(), CommError> {
         let by = self.seg.header().aborted_by.load(SeqCst);
         if by != 0 {
             return Err(CommError::AbortedByPeer {
@@ -133,6 +129,17 @@ impl ShmTransport {
                 during: during(),
             });
         }
+        Ok(())
+    }
+
+    /// Fails when a peer aborted, an awaited rank's process is gone, or the timeout has passed.
+    fn check(
+        &self,
+        during: &dyn Fn() -> String,
+        blockers: &dyn Fn() -> Vec<usize>,
+        start: Instant,
+    ) -> Result<(), CommError> {
+        self.check_aborted(during)?;
         let missing = blockers();
         let dead: Vec<usize> = missing
             .iter()
