@@ -21,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Measure a collective nccl-tests style: table, JSON and busbw plot.
+    Bench(commands::bench::Args),
     /// Print the groups of a grid over named dimensions.
     Grid(commands::grid::Args),
     /// Print the groups of a Megatron-Core layout, or one rank's groups.
@@ -30,6 +32,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(args) => commands::bench::run(args),
         Command::Grid(args) => commands::grid::run(args),
         Command::Layout(args) => commands::layout::run(args),
     };

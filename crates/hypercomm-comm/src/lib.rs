@@ -15,6 +15,7 @@
 
 mod backend;
 mod backends;
+pub mod bench;
 mod communicator;
 mod element;
 mod error;

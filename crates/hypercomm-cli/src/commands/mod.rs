@@ -1,4 +1,5 @@
 //! One module per subcommand: each has an `Args` (clap) and a `run` that returns a [`CliError`](crate::error::CliError).
 
+pub mod bench;
 pub mod grid;
 pub mod layout;

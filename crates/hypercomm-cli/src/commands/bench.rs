@@ -1,0 +1,274 @@
+//! `hypercomm bench`: nccl-tests-style collective benchmarks (table, JSON, busbw plot).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hypercomm_comm::CommOptions;
+use hypercomm_comm::bench::{self, BenchConfig, BenchOp, BenchResult};
+
+use crate::error::CliError;
+
+/// Arguments of `hypercomm bench`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Backend to measure (only `host` so far).
+    #[arg(long, default_value = "host")]
+    backend: String,
+    /// Number of ranks (threads of this process, each with its own communicator).
+    #[arg(short = 'n', long, default_value_t = 2)]
+    ranks: usize,
+    /// Collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all.
+    #[arg(long, default_value = "all_reduce")]
+    op: String,
+    /// Sizes: `MIN:MAX` doubling (`8B:256MiB`) or one size; units B, KiB, MiB, GiB (K, M, G also mean 2^10...).
+    #[arg(long, default_value = "8B:64MiB")]
+    sizes: String,
+    /// Use TCP between the ranks instead of shared memory.
+    #[arg(long)]
+    tcp: bool,
+    /// Most timed iterations per size (large sizes use fewer, at least 5).
+    #[arg(long, default_value_t = 200)]
+    iters: usize,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw busbw against size (log-scale x) as a PNG here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// Parses `8B`, `4KiB`, `256MiB`, `1G`: a number with an optional binary unit.
+fn parse_size(text: &str) -> Result<usize, CliError> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: usize = num
+        .parse()
+        .map_err(|_| CliError::Usage(format!("size {text:?} does not start with a number")))?;
+    let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => {
+            return Err(CliError::Usage(format!(
+                "size {text:?} has unknown unit {other:?} (use B, KiB, MiB, GiB)"
+            )));
+        }
+    };
+    num.checked_mul(mult)
+        .ok_or_else(|| CliError::Usage(format!("size {text:?} overflows")))
+}
+
+/// Parses `MIN:MAX` (doubling from MIN up to MAX) or a single size.
+fn parse_sizes(text: &str) -> Result<Vec<usize>, CliError> {
+    let (lo, hi) = match text.split_once(':') {
+        Some((a, b)) => (parse_size(a)?, parse_size(b)?),
+        None => {
+            let s = parse_size(text)?;
+            (s, s)
+        }
+    };
+    if lo == 0 || lo > hi {
+        return Err(CliError::Usage(format!(
+            "sizes {text:?} must be MIN:MAX with 0 < MIN <= MAX"
+        )));
+    }
+    let mut sizes = vec![lo];
+    while let Some(next) = sizes
+        .last()
+        .and_then(|s| s.checked_mul(2))
+        .filter(|s| *s <= hi)
+    {
+        sizes.push(next);
+    }
+    Ok(sizes)
+}
+
+fn row(r: &BenchResult) -> String {
+    format!(
+        "{:>12} {:>11} {:>5} {:>11.2} {:>11.3} {:>11.3}",
+        r.bytes, r.count, "f32", r.time_us, r.algbw_gbps, r.busbw_gbps
+    )
+}
+
+/// Runs the benchmark and prints, writes and draws its results.
+pub fn run(args: Args) -> Result<(), CliError> {
+    if args.backend != "host" {
+        return Err(CliError::Usage(format!(
+            "backend {:?} is not available; use host",
+            args.backend
+        )));
+    }
+    let op = BenchOp::from_name(&args.op).ok_or_else(|| {
+        let names: Vec<_> = BenchOp::ALL.iter().map(|o| o.name()).collect();
+        CliError::Usage(format!(
+            "op {:?} is not one of {}",
+            args.op,
+            names.join(", ")
+        ))
+    })?;
+    if args.ranks == 0 {
+        return Err(CliError::Usage("-n must be at least 1".into()));
+    }
+    let sizes = parse_sizes(&args.sizes)?;
+    let config = BenchConfig {
+        op,
+        ranks: args.ranks,
+        sizes: sizes.clone(),
+        options: CommOptions {
+            timeout: Duration::from_secs(120),
+            force_tcp: args.tcp,
+            ..CommOptions::named("bench")
+        },
+        max_iters: args.iters.max(1),
+    };
+    println!(
+        "# hypercomm bench: {} on {} ranks (threads in one process), backend host, transport {}",
+        op.name(),
+        args.ranks,
+        if args.tcp { "tcp" } else { "shm" }
+    );
+    println!(
+        "# busbw factor {:.3}; time is the median of each size's iterations",
+        op.bus_factor(args.ranks)
+    );
+    println!(
+        "{:>12} {:>11} {:>5} {:>11} {:>11} {:>11}",
+        "size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)"
+    );
+    let bar = indicatif::ProgressBar::new(sizes.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let results = bench::run(&config, &|r| {
+        bar.suspend(|| println!("{}", row(r)));
+        bar.inc(1);
+    })
+    .map_err(|e| CliError::Failed(e.to_string()))?;
+    bar.finish_and_clear();
+    if let Some(path) = &args.json {
+        write_json(path, &results)?;
+    }
+    if let Some(path) = &args.plot {
+        plot(path, &results)?;
+    }
+    Ok(())
+}
+
+fn write_json(path: &Path, results: &[BenchResult]) -> Result<(), CliError> {
+    let rows: Vec<_> = results
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "op": r.op.name(), "ranks": r.ranks, "bytes": r.bytes, "time_us": r.time_us,
+                "algbw_GBps": r.algbw_gbps, "busbw_GBps": r.busbw_gbps,
+            })
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&serde_json::json!({ "results": rows }))
+        .map_err(|e| CliError::Failed(format!("cannot encode results: {e}")))?;
+    std::fs::write(path, text)
+        .map_err(|e| CliError::Failed(format!("cannot write {}: {e}", path.display())))
+}
+
+/// Font files tried for the plot's labels, in order.
+const FONTS: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+fn plot(path: &Path, results: &[BenchResult]) -> Result<(), CliError> {
+    use plotters::prelude::*;
+    let failed = |e: &dyn std::fmt::Display| {
+        CliError::Failed(format!("cannot draw {}: {e}", path.display()))
+    };
+    let font = FONTS
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .ok_or_else(|| {
+            CliError::Failed(format!(
+                "--plot needs a DejaVuSans font; none of {FONTS:?} exists"
+            ))
+        })?;
+    // plotters keeps registered fonts for the life of the process and wants 'static bytes: this command runs
+    // once per process, so the leak is one font file.
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(font.into_boxed_slice()),
+    )
+    .map_err(|_| CliError::Failed("the DejaVuSans font file is not a valid font".into()))?;
+    let (Some(first), Some(last)) = (results.first(), results.last()) else {
+        return Err(CliError::Failed("no results to plot".into()));
+    };
+    let max_bw = results
+        .iter()
+        .map(|r| r.busbw_gbps)
+        .fold(0.0, f64::max)
+        .max(1e-3)
+        * 1.1;
+    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(&e))?;
+    let title = format!(
+        "hypercomm host {} busbw, {} ranks ({})",
+        first.op.name(),
+        first.ranks,
+        first.transport
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(
+            (first.bytes.max(1) as f64..last.bytes.max(2) as f64).log_scale(),
+            0.0..max_bw,
+        )
+        .map_err(|e| failed(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("message size (bytes, log scale)")
+        .y_desc("busbw (GB/s)")
+        .x_label_formatter(&|x| human(*x))
+        .draw()
+        .map_err(|e| failed(&e))?;
+    let points: Vec<(f64, f64)> = results
+        .iter()
+        .map(|r| (r.bytes as f64, r.busbw_gbps))
+        .collect();
+    chart
+        .draw_series(LineSeries::new(points.clone(), BLUE.stroke_width(2)))
+        .map_err(|e| failed(&e))?;
+    chart
+        .draw_series(points.into_iter().map(|p| Circle::new(p, 3, BLUE.filled())))
+        .map_err(|e| failed(&e))?;
+    root.present().map_err(|e| failed(&e))?;
+    Ok(())
+}
+
+fn human(bytes: f64) -> String {
+    let units = [(1u64 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (size, unit) in units {
+        if bytes >= size as f64 {
+            return format!("{:.0}{unit}", bytes / size as f64);
+        }
+    }
+    format!("{bytes:.0}B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_double_between_the_bounds() {
+        assert_eq!(parse_sizes("8B:64").unwrap(), vec![8, 16, 32, 64]);
+        assert_eq!(parse_sizes("1KiB:3KiB").unwrap(), vec![1024, 2048]);
+        assert_eq!(parse_sizes("256MiB").unwrap(), vec![256 << 20]);
+        assert!(matches!(parse_sizes("8XB:1"), Err(CliError::Usage(_))));
+        assert!(matches!(parse_sizes("64:8"), Err(CliError::Usage(_))));
+    }
+}

@@ -1,0 +1,269 @@
+//! Collective benchmarks in the style of nccl-tests: median time per operation, algorithm and bus bandwidth.
+//!
+//! Ranks run as threads of this process, each with its own communicator over a shared in-memory store; on the
+//! host backend they still talk through the shared-memory (or TCP) transport exactly as processes would.
+//! `bytes` is the whole buffer as nccl-tests counts it: the all-reduce/broadcast/reduce buffer, the all-gather
+//! output, the reduce-scatter input, the all-to-all buffer. `algbw = bytes / time`; `busbw = algbw * factor`
+//! with nccl-tests' factors (see [`BenchOp::bus_factor`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hypercomm_store::MemoryStore;
+
+use crate::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
+
+/// A benchmarked collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchOp {
+    /// In-place sum all-reduce.
+    AllReduce,
+    /// Out-of-place all-gather into one buffer.
+    AllGather,
+    /// Out-of-place sum reduce-scatter from one buffer.
+    ReduceScatter,
+    /// In-place broadcast from rank 0.
+    Broadcast,
+    /// In-place sum reduce to rank 0.
+    Reduce,
+    /// Out-of-place all-to-all with equal blocks.
+    AllToAll,
+}
+
+impl BenchOp {
+    /// Every benchmarked collective.
+    pub const ALL: [BenchOp; 6] = [
+        BenchOp::AllReduce,
+        BenchOp::AllGather,
+        BenchOp::ReduceScatter,
+        BenchOp::Broadcast,
+        BenchOp::Reduce,
+        BenchOp::AllToAll,
+    ];
+
+    /// The snake-case name (`"all_reduce"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchOp::AllReduce => "all_reduce",
+            BenchOp::AllGather => "all_gather",
+            BenchOp::ReduceScatter => "reduce_scatter",
+            BenchOp::Broadcast => "broadcast",
+            BenchOp::Reduce => "reduce",
+            BenchOp::AllToAll => "all_to_all",
+        }
+    }
+
+    /// The operation named `name`, if any.
+    pub fn from_name(name: &str) -> Option<BenchOp> {
+        BenchOp::ALL.into_iter().find(|o| o.name() == name)
+    }
+
+    /// nccl-tests' bus-bandwidth factor for `n` ranks: all-reduce `2(n-1)/n`; all-gather, reduce-scatter and
+    /// all-to-all `(n-1)/n`; broadcast and reduce 1.
+    pub fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            BenchOp::AllReduce => 2.0 * (n - 1.0) / n,
+            BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll => (n - 1.0) / n,
+            BenchOp::Broadcast | BenchOp::Reduce => 1.0,
+        }
+    }
+}
+
+/// One measured size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchResult {
+    /// The collective.
+    pub op: BenchOp,
+    /// Rank count.
+    pub ranks: usize,
+    /// Whole buffer size in bytes, as nccl-tests counts it.
+    pub bytes: usize,
+    /// `f32` elements in that buffer.
+    pub count: usize,
+    /// Median time of one operation, in microseconds.
+    pub time_us: f64,
+    /// `bytes / time`, in GB/s (10^9 bytes per second).
+    pub algbw_gbps: f64,
+    /// `algbw * factor`, in GB/s.
+    pub busbw_gbps: f64,
+    /// The transport used (`"shm"` or `"tcp"`).
+    pub transport: &'static str,
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// The collective.
+    pub op: BenchOp,
+    /// Rank count (threads).
+    pub ranks: usize,
+    /// Buffer sizes in bytes (rounded down to whole `f32` elements per rank).
+    pub sizes: Vec<usize>,
+    /// Options for the communicator (its name is used as given).
+    pub options: CommOptions,
+    /// Timed iterations for the smallest sizes; larger sizes use fewer, down to 5, keeping each size short.
+    pub max_iters: usize,
+}
+
+fn iterations(bytes: usize, max: usize) -> usize {
+    ((256usize << 20) / bytes.max(1)).clamp(5, max.max(5))
+}
+
+/// Runs the benchmark; `progress` is called after each size with its result (from rank 0's thread).
+pub fn run(
+    config: &BenchConfig,
+    progress: &(dyn Fn(&BenchResult) + Sync),
+) -> Result<Vec<BenchResult>, CommError> {
+    let n = config.ranks;
+    let store = Arc::new(MemoryStore::new());
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|me| {
+                let store = Arc::clone(&store);
+                scope.spawn(move || -> Result<Vec<BenchResult>, CommError> {
+                    let comm = Communicator::world(
+                        BackendKind::Host,
+                        store,
+                        n,
+                        me,
+                        config.options.clone(),
+                    )?;
+                    let mut results = Vec::new();
+                    for &bytes in &config.sizes {
+                        let r = measure(&comm, config, bytes)?;
+                        if me == 0 {
+                            progress(&r);
+                        }
+                        results.push(r);
+                    }
+                    Ok(results)
+                })
+            })
+            .collect();
+        let mut first = None;
+        for (me, h) in handles.into_iter().enumerate() {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(CommError::InvalidArgument {
+                    comm: config.options.name.clone(),
+                    what: format!("rank {me} panicked"),
+                })
+            });
+            if me == 0 || r.is_err() {
+                first = Some(r);
+                if first.as_ref().is_some_and(Result::is_err) {
+                    break;
+                }
+            }
+        }
+        first.unwrap_or_else(|| Ok(Vec::new()))
+    })
+}
+
+/// Times one size on one rank. Every iteration starts after a barrier so that all ranks start together.
+fn measure(
+    comm: &Communicator,
+    config: &BenchConfig,
+    bytes: usize,
+) -> Result<BenchResult, CommError> {
+    let n = comm.size();
+    let op = config.op;
+    // Per-rank element counts such that the nccl-tests buffer size is `bytes`.
+    let total = bytes / 4;
+    let (input_len, output_len) = match op {
+        BenchOp::AllReduce | BenchOp::Broadcast | BenchOp::Reduce => (total, 0),
+        BenchOp::AllGather => (total / n, total / n * n),
+        BenchOp::ReduceScatter => (total / n * n, total / n),
+        BenchOp::AllToAll => (total / n * n, total / n * n),
+    };
+    let mut input = vec![1.0f32; input_len];
+    let mut output = vec![0.0f32; output_len];
+    let iters = iterations(bytes, config.max_iters);
+    let warmup = 2.max(iters / 10);
+    let mut times = Vec::with_capacity(iters);
+    for i in 0..warmup + iters {
+        comm.barrier()?.wait()?;
+        let start = Instant::now();
+        match op {
+            BenchOp::AllReduce => input = comm.all_reduce(input, ReduceOp::Sum)?.wait()?,
+            BenchOp::Broadcast => input = comm.broadcast(input, 0)?.wait()?,
+            BenchOp::Reduce => input = comm.reduce(input, ReduceOp::Sum, 0)?.wait()?,
+            BenchOp::AllGather => (input, output) = comm.all_gather_into(input, output)?.wait()?,
+            BenchOp::ReduceScatter => {
+                (input, output) = comm
+                    .reduce_scatter_into(input, output, ReduceOp::Sum)?
+                    .wait()?
+            }
+            BenchOp::AllToAll => (input, output) = comm.all_to_all_into(input, output)?.wait()?,
+        }
+        if i >= warmup {
+            times.push(start.elapsed());
+        }
+        if op == BenchOp::AllReduce || op == BenchOp::Reduce {
+            // Keep the values bounded so that repeated sums never overflow to infinity.
+            input.fill(1.0);
+        }
+    }
+    times.sort_unstable();
+    let median = times
+        .get(times.len() / 2)
+        .copied()
+        .unwrap_or(Duration::ZERO);
+    let counted = 4 * input_len.max(output_len);
+    let time_us = median.as_secs_f64() * 1e6;
+    let algbw = if time_us > 0.0 {
+        counted as f64 / (time_us * 1e3)
+    } else {
+        0.0
+    };
+    Ok(BenchResult {
+        op,
+        ranks: n,
+        bytes: counted,
+        count: counted / 4,
+        time_us,
+        algbw_gbps: algbw,
+        busbw_gbps: algbw * op.bus_factor(n),
+        transport: comm.transport(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn factors_match_nccl_tests() {
+        assert_eq!(BenchOp::AllReduce.bus_factor(2), 1.0);
+        assert_eq!(BenchOp::AllReduce.bus_factor(4), 1.5);
+        assert_eq!(BenchOp::AllGather.bus_factor(4), 0.75);
+        assert_eq!(BenchOp::Broadcast.bus_factor(8), 1.0);
+        assert_eq!(
+            BenchOp::from_name("reduce_scatter"),
+            Some(BenchOp::ReduceScatter)
+        );
+    }
+
+    #[test]
+    fn a_tiny_run_reports_every_size() {
+        let config = BenchConfig {
+            op: BenchOp::AllGather,
+            ranks: 2,
+            sizes: vec![8, 4096],
+            options: CommOptions::named("bench-test"),
+            max_iters: 5,
+        };
+        let seen = std::sync::Mutex::new(0);
+        let results = run(&config, &|_| *seen.lock().unwrap() += 1).unwrap();
+        assert_eq!(
+            results.iter().map(|r| r.bytes).collect::<Vec<_>>(),
+            vec![8, 4096]
+        );
+        assert_eq!(*seen.lock().unwrap(), 2);
+        assert!(
+            results
+                .iter()
+                .all(|r| r.time_us > 0.0 && r.busbw_gbps > 0.0)
+        );
+    }
+}
