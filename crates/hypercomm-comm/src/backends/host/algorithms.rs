@@ -27,7 +27,7 @@ use crate::options::Algorithm;
 use crate::reduce::{ReduceFault, Src, reduce};
 
 /// The latency path's budget: bytes each rank may read from peers in one all-reduce (see the module docs).
-pub(crate) const LATENCY_READ_LIMIT: usize = 64 * 1024;
+pub(crate) const LATENCY_READ_LIMIT: usize = 256 * 1024;
 
 /// Elements `[i * len / n, (i + 1) * len / n)`: the `i`-th of `n` nearly equal parts of `len`.
 pub(crate) fn part(len: usize, n: usize, i: usize) -> Range<usize> {
