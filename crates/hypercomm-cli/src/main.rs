@@ -6,6 +6,7 @@
 mod commands;
 mod error;
 mod output;
+mod render;
 
 use std::process::ExitCode;
 
@@ -25,6 +26,8 @@ enum Command {
     Grid(commands::grid::Args),
     /// Print the groups of a Megatron-Core layout, or one rank's groups.
     Layout(commands::layout::Args),
+    /// Rank every dimension order of a layout by its communication time on a described cluster.
+    Plan(commands::plan::Args),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Grid(args) => commands::grid::run(args),
         Command::Layout(args) => commands::layout::run(args),
+        Command::Plan(args) => commands::plan::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

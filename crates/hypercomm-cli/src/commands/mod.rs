@@ -2,3 +2,4 @@
 
 pub mod grid;
 pub mod layout;
+pub mod plan;
