@@ -103,7 +103,7 @@ impl TcpStore {
         let started = Instant::now();
         let deadline = started + options.connect_timeout;
         let mut backoff = Duration::from_millis(10);
-        let mut last: io::Error;
+        let mut last: Option<io::Error> = None;
         // Bounded: every iteration sleeps at least 10 ms and the loop ends at the deadline.
         loop {
             match addr.to_socket_addrs() {
@@ -121,17 +121,17 @@ impl TcpStore {
                             return Ok(store);
                         }
                         Err(Attempt::Fatal(e)) => return Err(e),
-                        Err(Attempt::Retry(e)) => last = e,
+                        Err(Attempt::Retry(e)) => keep_informative(&mut last, e),
                     }
                 }
-                Err(e) => last = e,
+                Err(e) => keep_informative(&mut last, e),
             }
             let now = Instant::now();
             if now >= deadline {
                 return Err(StoreError::Connect {
                     addr: shown,
                     after: started.elapsed(),
-                    source: last,
+                    source: last.unwrap_or_else(|| io::ErrorKind::TimedOut.into()),
                 });
             }
             thread::sleep(backoff.min(deadline - now));
@@ -153,11 +153,17 @@ impl TcpStore {
 
     /// One attempt at a connection to any resolved address, handshake included.
     fn open(&self, deadline: Instant) -> Result<TcpStream, Attempt> {
-        let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolved to nothing");
+        let mut last = io::Error::new(
+            io::ErrorKind::NotFound,
+            "address resolved to no socket address",
+        );
         for addr in &self.resolved {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                break;
+                return Err(Attempt::Retry(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connect deadline passed",
+                )));
             }
             match TcpStream::connect_timeout(addr, left.min(Duration::from_secs(5))) {
                 Ok(stream) => return self.handshake(stream),
@@ -350,6 +356,14 @@ impl TcpStore {
             "expected a {wanted} frame, got {}",
             frame_name(got)
         ))
+    }
+}
+
+/// Remembers `new` as the reason for failing, unless it only says time ran out and an earlier, more telling
+/// reason (refused, server full) is already known.
+fn keep_informative(last: &mut Option<io::Error>, new: io::Error) {
+    if last.is_none() || new.kind() != io::ErrorKind::TimedOut {
+        *last = Some(new);
     }
 }
 

@@ -26,3 +26,6 @@ mod server;
 
 pub use client::{ClientOptions, TcpStore};
 pub use server::{ServerError, ServerOptions, TcpStoreServer};
+
+#[cfg(test)]
+mod tests;
