@@ -78,8 +78,7 @@ mod tests {
             capture: Some(Arc::clone(&store)),
         };
         pump(input, &sink);
-        let lines = store.lock().unwrap().clone();
-        lines
+        store.lock().unwrap().clone()
     }
 
     #[test]
