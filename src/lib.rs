@@ -2,9 +2,12 @@
 //!
 //! This crate re-exports the member crates so that an application needs one dependency:
 //!
+//! - [`grid`]: pure topology. Grids over named dimensions, the groups of any set of dimensions, one rank's
+//!   group computed directly, and Megatron-Core compatible layouts.
 //! - [`store`]: rendezvous. The key-value store every communicator bootstraps through.
 //!
 //! Nothing in hypercomm is global: every grid, store and communicator is a value you own and pass along, so any
 //! number of worlds live side by side in one process.
 
+pub use hypercomm_grid as grid;
 pub use hypercomm_store as store;

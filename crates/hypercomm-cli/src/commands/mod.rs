@@ -1,0 +1,4 @@
+//! One module per subcommand: each has an `Args` (clap) and a `run` that returns a [`CliError`](crate::error::CliError).
+
+pub mod grid;
+pub mod layout;

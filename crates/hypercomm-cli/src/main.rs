@@ -1,0 +1,43 @@
+//! `hypercomm`: the command-line face of the library.
+//!
+//! Each subcommand lives in its own module under `commands/`, parses its arguments, calls the library and prints.
+//! Bad input exits with status 2 and a one-line error; a command that ran and failed exits with status 1.
+
+mod commands;
+mod error;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Process-group topology for distributed training.
+#[derive(Parser, Debug)]
+#[command(name = "hypercomm", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the groups of a grid over named dimensions.
+    Grid(commands::grid::Args),
+    /// Print the groups of a Megatron-Core layout, or one rank's groups.
+    Layout(commands::layout::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Grid(args) => commands::grid::run(args),
+        Command::Layout(args) => commands::layout::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("hypercomm: {err}");
+            err.exit_code()
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The `hypercomm layout` contract: fields named as Megatron's ProcessGroupCollection, absent kinds omitted,
+//! `--rank` consistent with the full listing, exit status 2 on bad input.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn hypercomm(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_hypercomm"))
+        .args(args)
+        .output()
+        .expect("run hypercomm")
+}
+
+fn json(args: &[&str]) -> Value {
+    let out = hypercomm(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+const ALL_FIELDS: [&str; 22] = [
+    "tp",
+    "pp",
+    "mp",
+    "embd",
+    "pos_embd",
+    "cp",
+    "tp_cp",
+    "hcp",
+    "ep",
+    "expt_tp",
+    "tp_ep",
+    "tp_ep_pp",
+    "tp_dp_cp",
+    "dp",
+    "dp_cp",
+    "dp_cp_ag",
+    "expt_dp",
+    "expt_dp_ag",
+    "intra_dp_cp",
+    "intra_expt_dp",
+    "inter_dist_opt",
+    "intra_dist_opt",
+];
+
+#[test]
+fn megatron_docstring_example_through_the_cli() {
+    let v = json(&[
+        "layout", "--world", "16", "--tp", "2", "--pp", "4", "--json",
+    ]);
+    assert_eq!(v["dp"], 2);
+    assert_eq!(v["expert_dp"], 2);
+    assert_eq!(v["groups"]["tp"][0], serde_json::json!([0, 1]));
+    assert_eq!(v["groups"]["pp"][0], serde_json::json!([0, 4, 8, 12]));
+    assert_eq!(v["groups"]["dp"][1], serde_json::json!([1, 3]));
+    let fields: Vec<&str> = v["groups"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    // ep = 1, no hierarchical cp, one optimizer instance: those three kinds are omitted.
+    let expected: Vec<&str> = ALL_FIELDS
+        .into_iter()
+        .filter(|f| !["hcp", "expt_dp_ag", "inter_dist_opt"].contains(f))
+        .collect();
+    let mut sorted_fields = fields.clone();
+    sorted_fields.sort();
+    let mut sorted_expected = expected.clone();
+    sorted_expected.sort();
+    assert_eq!(sorted_fields, sorted_expected);
+}
+
+#[test]
+fn every_field_appears_when_the_layout_has_it() {
+    let v = json(&[
+        "layout",
+        "--world",
+        "64",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--cp",
+        "2",
+        "--ep",
+        "2",
+        "--etp",
+        "1",
+        "--dist-opt-instances",
+        "2",
+        "--hcp",
+        "2",
+        "--json",
+    ]);
+    for field in ALL_FIELDS {
+        assert!(v["groups"].get(field).is_some(), "missing {field}");
+    }
+    assert_eq!(v["expert_dp"], 16);
+}
+
+#[test]
+fn rank_query_matches_the_full_listing() {
+    let base = [
+        "layout",
+        "--world",
+        "64",
+        "--tp",
+        "2",
+        "--pp",
+        "4",
+        "--cp",
+        "2",
+        "--ep",
+        "2",
+        "--order",
+        "TP-CP-EP-DP-PP",
+        "--offset",
+        "64",
+        "--dist-opt-instances",
+        "2",
+        "--json",
+    ];
+    let all = json(&base);
+    for rank in [64usize, 71, 100, 127] {
+        let mut args = base.to_vec();
+        let rank_text = rank.to_string();
+        args.extend(["--rank", &rank_text]);
+        let mine = json(&args);
+        assert_eq!(mine["rank"], rank);
+        for (field, groups) in all["groups"].as_object().unwrap() {
+            let holding: Vec<&Value> = groups
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|g| g.as_array().unwrap().contains(&Value::from(rank)))
+                .collect();
+            match holding.as_slice() {
+                [] => assert!(
+                    mine["groups"].get(field).is_none(),
+                    "{field} for rank {rank}"
+                ),
+                [one] => assert_eq!(&&mine["groups"][field], one, "{field} for rank {rank}"),
+                many => panic!("{field}: rank {rank} in {} groups", many.len()),
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line() {
+    for (args, needle) in [
+        (
+            vec!["layout", "--world", "64", "--tp", "3"],
+            "tp*pp*cp=3 does not divide world 64",
+        ),
+        (
+            vec!["layout", "--world", "64", "--order", "tp-tp"],
+            "names tp more than once",
+        ),
+        (
+            vec!["layout", "--world", "64", "--pp", "2", "--order", "tp-dp"],
+            "leaves out pp",
+        ),
+        (
+            vec!["layout", "--world", "16", "--cp", "4", "--hcp", "3"],
+            "multiply to 3, not cp=4",
+        ),
+        (
+            vec!["layout", "--world", "16", "--rank", "16"],
+            "--rank 16 is outside",
+        ),
+        (
+            vec!["layout", "--world", "16", "--tp", "x"],
+            "invalid value 'x'",
+        ),
+    ] {
+        let out = hypercomm(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(err.contains(needle), "{args:?}: {err}");
+        if !needle.starts_with("invalid value") {
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn table_output_is_readable() {
+    let out = hypercomm(&[
+        "layout", "--world", "16", "--tp", "2", "--pp", "4", "--rank", "13",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("rank 13:"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("embd") && l.contains("[1, 13]")),
+        "{text}"
+    );
+}
