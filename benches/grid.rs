@@ -26,10 +26,23 @@ fn stream_all(grid: &Grid, dims: &[&str]) -> usize {
 
 fn main() {
     let smoke = smoke_run();
-    let worlds: &[usize] = if smoke { &[65_536] } else { &[65_536, 1_048_576] };
-    println!("{:<10} {:<8} {:<6} {:>8} {:>6} {:>14} {:>14} {:>12}", "world", "grid", "dims", "groups", "size", "stream all", "collect all", "group_of");
+    let worlds: &[usize] = if smoke {
+        &[65_536]
+    } else {
+        &[65_536, 1_048_576]
+    };
+    println!(
+        "{:<10} {:<8} {:<6} {:>8} {:>6} {:>14} {:>14} {:>12}",
+        "world", "grid", "dims", "groups", "size", "stream all", "collect all", "group_of"
+    );
     for &world in worlds {
-        let layout = LayoutConfig::new(world).tp(8).cp(2).ep(8).pp(16).build().expect("valid layout");
+        let layout = LayoutConfig::new(world)
+            .tp(8)
+            .cp(2)
+            .ep(8)
+            .pp(16)
+            .build()
+            .expect("valid layout");
         let rank = world / 2 + 3;
         let cases: [(&str, &Grid, &[&str]); 6] = [
             ("decoder", layout.decoder(), &["tp"]),
@@ -45,12 +58,19 @@ fn main() {
             let (count, size) = (groups.len(), groups.group_size());
             let stream = median_per_call(samples, iters, || stream_all(grid, dims));
             let collect = median_per_call(samples, iters, || {
-                grid.groups(dims.iter().copied()).expect("dims exist").collect::<Vec<_>>()
+                grid.groups(dims.iter().copied())
+                    .expect("dims exist")
+                    .collect::<Vec<_>>()
             });
             let set = grid.select(dims.iter().copied()).expect("dims exist");
-            let one = median_per_call(if smoke { 1 } else { 21 }, if smoke { 1 } else { 20_000 }, || {
-                grid.group_of_in(black_box(rank), set).expect("rank in grid")
-            });
+            let one = median_per_call(
+                if smoke { 1 } else { 21 },
+                if smoke { 1 } else { 20_000 },
+                || {
+                    grid.group_of_in(black_box(rank), set)
+                        .expect("rank in grid")
+                },
+            );
             println!(
                 "{world:<10} {name:<8} {:<6} {count:>8} {size:>6} {:>14} {:>14} {:>12}",
                 dims.join("-"),
