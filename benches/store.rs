@@ -26,7 +26,9 @@ fn main() {
     for clients in [1, 8, 64] {
         // Same total work at every client count, so samples take comparable time.
         let per_client = (ops_per_client * 8 / clients).max(20);
-        let mut rates: Vec<f64> = (0..samples).map(|_| ops_per_second(clients, per_client)).collect();
+        let mut rates: Vec<f64> = (0..samples)
+            .map(|_| ops_per_second(clients, per_client))
+            .collect();
         rates.sort_by(f64::total_cmp);
         println!(
             "  {clients:>2} concurrent client(s): {:>9.0} ops/s (set+get pairs, loopback)",
@@ -91,6 +93,8 @@ fn peer() {
     let rdv = Rendezvous::from_env().unwrap();
     let store = TcpStore::connect(rdv.store_addr.to_string(), rdv.client_options()).unwrap();
     store.set(&Key::new("arrived").push(rdv.rank), b"").unwrap();
-    let all: Vec<Key> = (0..rdv.world_size).map(|r| Key::new("arrived").push(r)).collect();
+    let all: Vec<Key> = (0..rdv.world_size)
+        .map(|r| Key::new("arrived").push(r))
+        .collect();
     store.wait(&all, Duration::from_secs(120)).unwrap();
 }

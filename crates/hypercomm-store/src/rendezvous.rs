@@ -236,13 +236,21 @@ const SOURCES: [Names; 5] = [
 pub const STORE_ADDR_ENV: &str = "HYPERCOMM_STORE_ADDR";
 
 impl Rendezvous {
-    /// Reads the process environment. See the [module docs](self) for the variables consulted.
+    /// Reads the process environment: `HYPERCOMM_*`, then torchrun, SLURM, Open MPI and PMI variables, as in
+    /// [`Rendezvous::from_vars`].
     pub fn from_env() -> Result<Self, RendezvousError> {
         Rendezvous::from_vars(&|name| std::env::var(name).ok())
     }
 
     /// Reads variables through `vars` (name → value), so tests and embedders need not touch the process
     /// environment.
+    ///
+    /// The first source whose rank or world-size variable is set is used, in this order: `HYPERCOMM_RANK` /
+    /// `HYPERCOMM_WORLD_SIZE` / `HYPERCOMM_LOCAL_RANK` / `HYPERCOMM_LOCAL_WORLD_SIZE`; torchrun's `RANK` /
+    /// `WORLD_SIZE` / `LOCAL_RANK` / `LOCAL_WORLD_SIZE`; SLURM's `SLURM_PROCID` / `SLURM_NTASKS` /
+    /// `SLURM_LOCALID` / `SLURM_TASKS_PER_NODE` at `SLURM_NODEID`; Open MPI's `OMPI_COMM_WORLD_RANK` / `_SIZE` /
+    /// `_LOCAL_RANK` / `_LOCAL_SIZE`; PMI's `PMI_RANK` / `PMI_SIZE` / `MPI_LOCALRANKID` / `MPI_LOCALNRANKS`. The
+    /// store address is [`STORE_ADDR_ENV`] or `MASTER_ADDR` and `MASTER_PORT`.
     pub fn from_vars(vars: &impl Fn(&str) -> Option<String>) -> Result<Self, RendezvousError> {
         let names = SOURCES
             .iter()
