@@ -28,6 +28,10 @@ enum Command {
     Layout(commands::layout::Args),
     /// Rank every dimension order of a layout by its communication time on a described cluster.
     Plan(commands::plan::Args),
+    /// Run a standalone rendezvous store server.
+    Store(commands::store::Args),
+    /// Start N local ranks with rendezvous variables set, and supervise them.
+    Launch(commands::launch::Args),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +40,8 @@ fn main() -> ExitCode {
         Command::Grid(args) => commands::grid::run(args),
         Command::Layout(args) => commands::layout::run(args),
         Command::Plan(args) => commands::plan::run(args),
+        Command::Store(args) => commands::store::run(args),
+        Command::Launch(args) => commands::launch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

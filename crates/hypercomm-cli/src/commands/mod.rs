@@ -1,5 +1,7 @@
 //! One module per subcommand: each has an `Args` (clap) and a `run` that returns a [`CliError`](crate::error::CliError).
 
 pub mod grid;
+pub mod launch;
 pub mod layout;
 pub mod plan;
+pub mod store;

@@ -226,7 +226,29 @@ impl ParallelLayout {
             Token::Dp => dp.max(expert_dp),
             Token::Pp => config.pp,
         })?;
-        if order.tokens()[4] != Token::Pp && config.pp > 1 && dp != expert_dp {
+        // Megatron asks that the order end with pp unless dp equals expert dp; what matters is that no dimension
+        // of size > 1 (in either grid) varies slower than pp. Size-1 dims appended after pp change nothing.
+        let decoder_sizes = TokenSizes {
+            tp: config.tp,
+            cp: config.cp,
+            ep: 1,
+            dp,
+            pp: config.pp,
+        };
+        let expert_sizes = TokenSizes {
+            tp: etp,
+            cp: 1,
+            ep: config.ep,
+            dp: expert_dp,
+            pp: config.pp,
+        };
+        let mut after_pp = order
+            .tokens()
+            .into_iter()
+            .skip_while(|&t| t != Token::Pp)
+            .skip(1);
+        let pp_slowest = after_pp.all(|t| decoder_sizes.of(t) == 1 && expert_sizes.of(t) == 1);
+        if !pp_slowest && config.pp > 1 && dp != expert_dp {
             return Err(LayoutError::PpNotLast {
                 order: order.to_string(),
                 dp,
@@ -250,28 +272,8 @@ impl ParallelLayout {
             });
         }
         let offset = config.rank_offset;
-        let decoder = rank_generator(
-            order,
-            TokenSizes {
-                tp: config.tp,
-                cp: config.cp,
-                ep: 1,
-                dp,
-                pp: config.pp,
-            },
-            offset,
-        )?;
-        let expert_grid = rank_generator(
-            order,
-            TokenSizes {
-                tp: etp,
-                cp: 1,
-                ep: config.ep,
-                dp: expert_dp,
-                pp: config.pp,
-            },
-            offset,
-        )?;
+        let decoder = rank_generator(order, decoder_sizes, offset)?;
+        let expert_grid = rank_generator(order, expert_sizes, offset)?;
         let expert = GridView::new(&decoder, expert_grid, ["pp"])?;
         let expert_split = split_dim(
             &expert,

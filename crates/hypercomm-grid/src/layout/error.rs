@@ -88,9 +88,9 @@ pub enum LayoutError {
         /// The context-parallel size.
         cp: usize,
     },
-    /// A pipeline-first-or-middle order whose decoder and expert data-parallel sizes differ.
+    /// An order with pp not slowest, while the decoder and expert data-parallel sizes differ.
     #[error(
-        "order {order} does not end with pp, so dp={dp} and expert dp={expert_dp} must be equal (pp={pp})"
+        "order {order} puts a dim of size > 1 after pp, so dp={dp} and expert dp={expert_dp} must be equal (pp={pp})"
     )]
     PpNotLast {
         /// The order.

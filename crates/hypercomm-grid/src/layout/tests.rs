@@ -411,7 +411,7 @@ fn validation_follows_megatron_rules() {
     // Expert dp differs from dp (ep takes part of it), so pp must be the slowest dimension.
     assert_eq!(
         err(LayoutConfig::new(16).pp(2).ep(2).order("tp-cp-ep-pp-dp")),
-        "order tp-cp-ep-pp-dp does not end with pp, so dp=8 and expert dp=4 must be equal (pp=2)"
+        "order tp-cp-ep-pp-dp puts a dim of size > 1 after pp, so dp=8 and expert dp=4 must be equal (pp=2)"
     );
     assert_eq!(
         err(LayoutConfig::new(16).tp(2).dist_opt_instances(3)),
@@ -426,6 +426,16 @@ fn validation_follows_megatron_rules() {
         "hierarchical cp sizes [2, 2] multiply to 4, not cp=8"
     );
     assert!(err(LayoutConfig::new(16).cp(8).hcp_sizes(vec![])).contains("non-empty"));
+    // Size-1 dims after pp are harmless: ep is appended after pp here, and dp=8 differs from expert dp=16.
+    let layout = LayoutConfig::new(64)
+        .tp(2)
+        .pp(2)
+        .cp(2)
+        .order("cp-dp-tp-pp")
+        .build()
+        .unwrap();
+    assert_eq!(layout.order().to_string(), "cp-dp-tp-pp-ep");
+    assert_eq!((layout.dp(), layout.expert_dp()), (8, 16));
     // Order strings are case-insensitive; a left-out size-1 dim is appended.
     let layout = LayoutConfig::new(8).tp(2).order("TP-DP").build().unwrap();
     assert_eq!(layout.order().to_string(), "tp-dp-pp-ep-cp");
