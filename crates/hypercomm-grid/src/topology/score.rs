@@ -45,7 +45,9 @@ pub struct KindCost {
     pub seconds: f64,
     /// The fastest class a group of this size could stay within on this cluster.
     pub achievable: LinkClass,
-    /// Whether `worst` is slower than `achievable`: the kind crosses a slower boundary than its size needs.
+    /// Whether the kind crosses a slower boundary than necessary. From [`score`]: `worst` is slower than
+    /// `achievable`. In a [`search`](crate::topology::search) ranking, additionally some candidate at least as fast
+    /// overall keeps this kind in a faster class.
     pub flagged: bool,
 }
 

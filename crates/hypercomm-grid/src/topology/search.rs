@@ -110,6 +110,7 @@ pub fn search(
         }
     }
     let default_key = (default_order.as_str(), placements[0]);
+    refine_flags(&mut candidates);
     candidates.sort_by(compare);
     let default_index = candidates
         .iter()
@@ -121,6 +122,37 @@ pub fn search(
         candidates,
         default_index,
     })
+}
+
+/// Within a search, "slower than necessary" has a sharper meaning than [`score`] alone can give it: a kind stays
+/// flagged only when some candidate that is at least as fast overall keeps that kind in a faster link class. A dp
+/// group that leaves the host because tp fills it is then not flagged (keeping dp inside would push tp out and cost
+/// more), while a tp group leaving its NVLink domain in a slower order still is.
+fn refine_flags(candidates: &mut [Score]) {
+    let summary: Vec<(
+        f64,
+        Vec<(crate::topology::TrafficKind, crate::topology::LinkClass)>,
+    )> = candidates
+        .iter()
+        .map(|c| {
+            (
+                c.seconds,
+                c.kinds.iter().map(|k| (k.kind, k.worst)).collect(),
+            )
+        })
+        .collect();
+    for candidate in candidates.iter_mut() {
+        let seconds = candidate.seconds;
+        for k in &mut candidate.kinds {
+            k.flagged = k.flagged
+                && summary.iter().any(|(other_seconds, kinds)| {
+                    *other_seconds <= seconds
+                        && kinds
+                            .iter()
+                            .any(|&(kind, worst)| kind == k.kind && worst < k.worst)
+                });
+        }
+    }
 }
 
 /// The ranking order: time, placement, distance from the default order, order string.
