@@ -9,7 +9,8 @@
 //!    atomic add, compare-and-set, delete, and count keys.
 //! 3. Pick an implementation: [`TcpStore`] for ranks that are processes (a [`TcpStoreServer`] runs in one of them
 //!    or standalone), [`MemoryStore`] for ranks that are threads of one process (tests, simulations), and
-//!    [`PrefixStore`] to give independent users of one store their own key space.
+//!    [`PrefixStore`] to give independent users of one store their own key space, and [`CountingStore`] to count
+//!    what one client costs the store.
 //! 4. Find out where this process sits in the job with [`Rendezvous::from_env`] (torchrun, SLURM, Open MPI, MPICH
 //!    and `hypercomm launch` are understood), or start a local job with [`launch::Launcher`].
 //!
@@ -25,6 +26,7 @@
 //! # Ok::<(), hypercomm_store::StoreError>(())
 //! ```
 
+mod counting;
 mod error;
 pub mod frame;
 mod key;
@@ -37,6 +39,7 @@ mod sha256;
 mod store;
 mod tcp;
 
+pub use counting::{CountingStore, StoreCounts};
 pub use error::StoreError;
 pub use key::{Key, KeyDecodeError, KeyPart};
 pub use memory::MemoryStore;
