@@ -35,6 +35,12 @@ impl From<hypercomm_grid::layout::LayoutError> for CliError {
     }
 }
 
+impl From<hypercomm_grid::topology::TopologyError> for CliError {
+    fn from(err: hypercomm_grid::topology::TopologyError) -> Self {
+        CliError::Usage(err.to_string())
+    }
+}
+
 impl From<std::io::Error> for CliError {
     fn from(err: std::io::Error) -> Self {
         CliError::Failed(format!("cannot write output: {err}"))

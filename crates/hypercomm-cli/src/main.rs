@@ -6,6 +6,7 @@
 mod commands;
 mod error;
 mod output;
+mod render;
 
 use std::process::ExitCode;
 
@@ -27,6 +28,12 @@ enum Command {
     Grid(commands::grid::Args),
     /// Print the groups of a Megatron-Core layout, or one rank's groups.
     Layout(commands::layout::Args),
+    /// Rank every dimension order of a layout by its communication time on a described cluster.
+    Plan(commands::plan::Args),
+    /// Run a standalone rendezvous store server.
+    Store(commands::store::Args),
+    /// Start N local ranks with rendezvous variables set, and supervise them.
+    Launch(commands::launch::Args),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +42,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => commands::bench::run(args),
         Command::Grid(args) => commands::grid::run(args),
         Command::Layout(args) => commands::layout::run(args),
+        Command::Plan(args) => commands::plan::run(args),
+        Command::Store(args) => commands::store::run(args),
+        Command::Launch(args) => commands::launch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -41,6 +41,8 @@
 //!   expert grid sharing `pp` with the decoder grid).
 //! - [`strategies`] (cargo feature `proptest`): proptest strategies for grids and layouts, bounded by a world
 //!   size, for your own property tests.
+//! - [`topology`]: a cluster model (hosts, NVLink domains, NICs, racks as a petgraph graph), what a layout's
+//!   communication costs on it, and a search for the cheapest dimension order.
 //! - Grids serialize to and from JSON with serde; deserializing validates like [`Grid::new`].
 
 mod dimset;
@@ -48,6 +50,7 @@ mod error;
 mod grid;
 mod groups;
 pub mod layout;
+pub mod topology;
 mod view;
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `hypercomm layout`: every group of a Megatron-Core layout, or one rank's groups.
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use hypercomm_grid::layout::{GroupKind, LayoutConfig, ParallelLayout};
 use serde::Serialize;
@@ -8,6 +9,8 @@ use serde_json::Value;
 
 use crate::error::CliError;
 use crate::output::{OrderedMap, format_ranks, print_json, write_groups};
+use crate::render::scene::{HostRow, layout_scene};
+use hypercomm_grid::topology::Placement;
 
 /// Arguments of `hypercomm layout`.
 #[derive(clap::Args, Debug)]
@@ -48,6 +51,19 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Draw the layout to this file instead of printing it: `.svg` or `.png`.
+    #[arg(long, value_name = "FILE")]
+    render: Option<PathBuf>,
+    /// With --render: the group kinds to draw, one panel each (default: tp, cp, ep, dp, pp where their groups have
+    /// more than one rank).
+    #[arg(long, value_delimiter = ',', requires = "render")]
+    kinds: Option<Vec<String>>,
+    /// With --render: the cluster description (JSON) whose hosts and devices the ranks are drawn on.
+    #[arg(long, requires = "render")]
+    cluster: Option<PathBuf>,
+    /// With --render and no --cluster: GPUs per host.
+    #[arg(long, default_value_t = 8, requires = "render")]
+    gpus_per_host: usize,
 }
 
 impl Args {
@@ -86,6 +102,9 @@ struct RankGroups {
 /// Runs `hypercomm layout`.
 pub fn run(args: Args) -> Result<(), CliError> {
     let layout = args.layout()?;
+    if let Some(path) = &args.render {
+        return render(&args, &layout, path);
+    }
     match args.rank {
         Some(rank) => print_rank(&layout, rank, args.json),
         None => print_all(&layout, args.json),
@@ -187,4 +206,113 @@ fn write_summary(out: &mut impl Write, layout: &ParallelLayout) -> std::io::Resu
         layout.expert_dp(),
         layout.order()
     )
+}
+
+fn render(args: &Args, layout: &ParallelLayout, path: &std::path::Path) -> Result<(), CliError> {
+    let kinds: Vec<GroupKind> = match &args.kinds {
+        Some(names) => names
+            .iter()
+            .map(|n| n.trim().parse::<GroupKind>())
+            .collect::<Result<_, _>>()?,
+        None => [
+            GroupKind::Tp,
+            GroupKind::Cp,
+            GroupKind::Ep,
+            GroupKind::Dp,
+            GroupKind::Pp,
+        ]
+        .into_iter()
+        .filter(|&k| {
+            layout
+                .groups(k)
+                .is_ok_and(|mut g| g.next().is_some_and(|g| g.len() > 1))
+        })
+        .collect(),
+    };
+    if let Some(kind) = kinds.iter().find(|&&k| !layout.has(k)) {
+        return Err(CliError::Usage(format!(
+            "--kinds: this layout has no {kind} groups"
+        )));
+    }
+    let kinds = if kinds.is_empty() {
+        vec![GroupKind::Tp]
+    } else {
+        kinds
+    };
+    let offset = layout.ranks().start;
+    let (hosts, on) = match &args.cluster {
+        Some(file) => {
+            let cluster = crate::commands::plan::read_cluster(file)?;
+            let placement = match cluster.explicit_placement() {
+                Some(_) => Placement::Explicit,
+                None => Placement::Launcher,
+            };
+            let devices = placement.devices(&cluster, layout.world())?;
+            let mut rows: Vec<HostRow> = cluster
+                .hosts()
+                .iter()
+                .map(|h| HostRow {
+                    label: h.name.clone(),
+                    ranks: vec![None; h.gpus],
+                })
+                .collect();
+            for (local, &device) in devices.iter().enumerate() {
+                let host = cluster.host_of(device);
+                let index = device - cluster.hosts()[host].first_device;
+                rows[host].ranks[index] = Some(offset + local);
+            }
+            rows.retain(|r| r.ranks.iter().any(Option::is_some));
+            let name = if cluster.name().is_empty() {
+                "the cluster"
+            } else {
+                cluster.name()
+            };
+            (rows, format!("on {name}"))
+        }
+        None => {
+            if args.gpus_per_host == 0 {
+                return Err(CliError::Usage("--gpus-per-host must be at least 1".into()));
+            }
+            let per = args.gpus_per_host;
+            let rows = (0..layout.world().div_ceil(per))
+                .map(|h| HostRow {
+                    label: format!("host{h}"),
+                    ranks: (h * per..((h + 1) * per).min(layout.world()))
+                        .map(|l| Some(offset + l))
+                        .collect(),
+                })
+                .collect();
+            (
+                rows,
+                format!("{per} GPUs per host, ranks placed host by host"),
+            )
+        }
+    };
+    let c = layout.config();
+    let title = [
+        format!(
+            "world {}: tp {} pp {} cp {} ep {}, dp {}, order {}",
+            c.world,
+            c.tp,
+            c.pp,
+            c.cp,
+            c.ep,
+            layout.dp(),
+            layout.order()
+        ),
+        on,
+    ];
+    let scene = layout_scene(&title, layout, &kinds, &hosts)?;
+    crate::render::write(&scene, path)?;
+    println!(
+        "wrote {} ({} ranks; {})",
+        path.display(),
+        layout.world(),
+        kinds
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
 }

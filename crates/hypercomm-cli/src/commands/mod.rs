@@ -2,4 +2,7 @@
 
 pub mod bench;
 pub mod grid;
+pub mod launch;
 pub mod layout;
+pub mod plan;
+pub mod store;
