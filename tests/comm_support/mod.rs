@@ -1,6 +1,8 @@
 //! Shared helpers for the communicator tests: ranks as threads, test values, and independent reference results.
 #![allow(dead_code)]
 
+pub mod checks;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,0 +1,178 @@
+//! Ranks as separate processes meeting through a `TcpStore`: collectives over shared memory and TCP, and a rank
+//! killed mid-collective, after which the others fail within the timeout naming it and no shared-memory file
+//! stays behind.
+//!
+//! The test binary re-runs itself as each rank: `rank_process` does nothing unless the parent set `HC_TEST_ROLE`.
+
+mod comm_support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use comm_support::checks::*;
+use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
+use hypercomm::store::{ClientOptions, ServerOptions, TcpStore, TcpStoreServer};
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} must be set for a rank process"))
+}
+
+/// The rank side. A no-op in a normal test run.
+#[test]
+fn rank_process() {
+    let Ok(role) = std::env::var("HC_TEST_ROLE") else {
+        return;
+    };
+    let rank: usize = var("HC_RANK").parse().unwrap();
+    let size: usize = var("HC_SIZE").parse().unwrap();
+    let tcp = var("HC_TCP") == "1";
+    let store = TcpStore::connect(var("HC_ADDR"), ClientOptions::default()).unwrap();
+    let options = CommOptions {
+        timeout: Duration::from_secs(20),
+        force_tcp: tcp,
+        ..CommOptions::named(role.clone())
+    };
+    let comm = Communicator::world(
+        BackendKind::Host,
+        std::sync::Arc::new(store),
+        size,
+        rank,
+        options,
+    )
+    .unwrap();
+    assert_eq!(comm.transport(), if tcp { "tcp" } else { "shm" });
+    match role.as_str() {
+        "collectives" => {
+            for len in [0, 1, 7, 1000] {
+                check_type::<f32>(&comm, len);
+                check_type::<i64>(&comm, len);
+                check_type::<half::bf16>(&comm, len);
+            }
+            big_buffers::<f32>(&comm);
+            let child = comm.split(Some((rank % 2) as u32), 0).unwrap().unwrap();
+            check_type::<u8>(&child, 7);
+            println!("rank {rank} ok");
+        }
+        "kill" => {
+            comm.barrier().unwrap().wait().unwrap();
+            if rank == size - 1 {
+                // Enter the collective, announce it and never finish: the parent kills this process.
+                let pending = comm
+                    .all_reduce(vec![1.0f32; 1 << 22], ReduceOp::Sum)
+                    .unwrap();
+                println!("victim ready");
+                std::thread::sleep(Duration::from_secs(120));
+                drop(pending);
+                return;
+            }
+            let start = Instant::now();
+            let err = comm
+                .all_reduce(vec![1.0f32; 1 << 22], ReduceOp::Sum)
+                .unwrap()
+                .wait()
+                .unwrap_err();
+            let elapsed = start.elapsed();
+            let text = err.to_string();
+            assert!(
+                matches!(
+                    err,
+                    CommError::PeerDied { .. }
+                        | CommError::Timeout { .. }
+                        | CommError::AbortedByPeer { .. }
+                ),
+                "{text}"
+            );
+            assert!(text.contains("kill"), "names the communicator: {text}");
+            assert!(
+                text.contains(&(size - 1).to_string()),
+                "names the dead rank: {text}"
+            );
+            assert!(elapsed < Duration::from_secs(40), "took {elapsed:?}");
+            // Broken afterwards; abort releases it.
+            assert!(comm.barrier().is_err());
+            comm.abort();
+            println!("rank {rank} saw: {text}");
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn spawn(role: &str, addr: &str, rank: usize, size: usize, tcp: bool) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
+        .env("HC_TEST_ROLE", role)
+        .env("HC_RANK", rank.to_string())
+        .env("HC_SIZE", size.to_string())
+        .env("HC_TCP", if tcp { "1" } else { "0" })
+        .env("HC_ADDR", addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+fn shm_files_of(pids: &[u32]) -> Vec<String> {
+    let prefixes: Vec<String> = pids.iter().map(|p| format!("hypercomm-{p}-")).collect();
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn processes_run_collectives_over_shared_memory_and_tcp() {
+    for (n, tcp) in [(2, false), (3, false), (2, true), (3, true)] {
+        let server = TcpStoreServer::bind("127.0.0.1:0", ServerOptions::default()).unwrap();
+        let addr = server.local_addr().to_string();
+        let children: Vec<Child> = (0..n)
+            .map(|r| spawn("collectives", &addr, r, n, tcp))
+            .collect();
+        let pids: Vec<u32> = children.iter().map(Child::id).collect();
+        for (r, child) in children.into_iter().enumerate() {
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "n={n} tcp={tcp}: rank {r} failed");
+            assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("rank {r} ok")));
+        }
+        assert_eq!(shm_files_of(&pids), Vec::<String>::new());
+    }
+}
+
+#[test]
+fn killing_a_rank_mid_collective_fails_the_others_and_leaves_no_files() {
+    for tcp in [false, true] {
+        let n = 3;
+        let server = TcpStoreServer::bind("127.0.0.1:0", ServerOptions::default()).unwrap();
+        let addr = server.local_addr().to_string();
+        let mut children: Vec<Child> = (0..n).map(|r| spawn("kill", &addr, r, n, tcp)).collect();
+        let pids: Vec<u32> = children.iter().map(Child::id).collect();
+        let mut victim = children.pop().unwrap();
+        let mut lines = BufReader::new(victim.stdout.take().unwrap()).lines();
+        // Bounded: the victim prints its line within the others' bootstrap and barrier, or exits (line = None).
+        let ready = lines
+            .by_ref()
+            .take(1000)
+            .find(|l| l.as_ref().is_ok_and(|l| l.contains("victim ready")));
+        assert!(
+            ready.is_some(),
+            "tcp={tcp}: the victim never entered the collective"
+        );
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+        for (r, child) in children.into_iter().enumerate() {
+            let out = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "tcp={tcp}: rank {r} did not report the failure: {stdout}"
+            );
+            assert!(stdout.contains(&format!("rank {r} saw")), "{stdout}");
+            eprintln!("tcp={tcp}: {}", stdout.trim());
+        }
+        assert_eq!(shm_files_of(&pids), Vec::<String>::new(), "tcp={tcp}");
+    }
+}
