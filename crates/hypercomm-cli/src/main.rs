@@ -25,6 +25,10 @@ enum Command {
     Grid(commands::grid::Args),
     /// Print the groups of a Megatron-Core layout, or one rank's groups.
     Layout(commands::layout::Args),
+    /// Run a standalone rendezvous store server.
+    Store(commands::store::Args),
+    /// Start N local ranks with rendezvous variables set, and supervise them.
+    Launch(commands::launch::Args),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +36,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Grid(args) => commands::grid::run(args),
         Command::Layout(args) => commands::layout::run(args),
+        Command::Store(args) => commands::store::run(args),
+        Command::Launch(args) => commands::launch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

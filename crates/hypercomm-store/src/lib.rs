@@ -7,7 +7,11 @@
 //!    `(name, counter)` pairs can never name the same entry.
 //! 2. Talk to a store through the [`Store`] trait: set, get (waiting up to a timeout), wait for several keys,
 //!    atomic add, compare-and-set, delete, and count keys.
-//! 3. Pick an implementation: [`MemoryStore`] for ranks that are threads of one process (tests, simulations).
+//! 3. Pick an implementation: [`TcpStore`] for ranks that are processes (a [`TcpStoreServer`] runs in one of them
+//!    or standalone), [`MemoryStore`] for ranks that are threads of one process (tests, simulations), and
+//!    [`PrefixStore`] to give independent users of one store their own key space.
+//! 4. Find out where this process sits in the job with [`Rendezvous::from_env`] (torchrun, SLURM, Open MPI, MPICH
+//!    and `hypercomm launch` are understood), or start a local job with [`launch::Launcher`].
 //!
 //! ```
 //! use std::time::Duration;
@@ -22,11 +26,22 @@
 //! ```
 
 mod error;
+pub mod frame;
 mod key;
+pub mod launch;
 mod memory;
+mod prefix;
+mod rendezvous;
+mod secret;
+mod sha256;
 mod store;
+mod tcp;
 
 pub use error::StoreError;
 pub use key::{Key, KeyDecodeError, KeyPart};
 pub use memory::MemoryStore;
+pub use prefix::PrefixStore;
+pub use rendezvous::{EnvSource, Joined, Rendezvous, RendezvousError, STORE_ADDR_ENV, StoreAddr};
+pub use secret::{SECRET_ENV, Secret, SecretError};
 pub use store::{CompareSet, Store};
+pub use tcp::{ClientOptions, ServerError, ServerOptions, TcpStore, TcpStoreServer};

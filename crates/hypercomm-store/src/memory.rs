@@ -14,12 +14,26 @@ use crate::{CompareSet, Key, Store, StoreError};
 pub struct MemoryStore {
     map: Mutex<HashMap<Key, Vec<u8>>>,
     changed: Condvar,
+    /// Set once by [`MemoryStore::close`]; waiters check it under the map lock, so none sleeps through it.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Wakes every waiter and makes current and future waits fail with [`StoreError::Closed`]. Operations that
+    /// do not wait keep working. A server calls this when it shuts down, so no connection thread outlives it.
+    pub fn close(&self) {
+        let _guard = self.lock();
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.changed.notify_all();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<Key, Vec<u8>>> {
@@ -43,7 +57,7 @@ impl MemoryStore {
                 return (map, true);
             }
             let now = Instant::now();
-            if now >= deadline {
+            if now >= deadline || self.is_closed() {
                 return (map, false);
             }
             map = self
@@ -68,10 +82,14 @@ impl Store for MemoryStore {
 
     fn get(&self, key: &Key, timeout: Duration) -> Result<Vec<u8>, StoreError> {
         let (map, _) = self.wait_until(self.lock(), timeout, |m| m.contains_key(key));
-        map.get(key).cloned().ok_or_else(|| StoreError::Timeout {
-            missing: vec![key.clone()],
-            after: timeout,
-        })
+        match map.get(key) {
+            Some(value) => Ok(value.clone()),
+            None if self.is_closed() => Err(StoreError::Closed),
+            None => Err(StoreError::Timeout {
+                missing: vec![key.clone()],
+                after: timeout,
+            }),
+        }
     }
 
     fn wait(&self, keys: &[Key], timeout: Duration) -> Result<(), StoreError> {
@@ -80,6 +98,9 @@ impl Store for MemoryStore {
         });
         if ok {
             return Ok(());
+        }
+        if self.is_closed() {
+            return Err(StoreError::Closed);
         }
         Err(StoreError::Timeout {
             missing: keys
@@ -224,6 +245,20 @@ mod tests {
         assert!(store.delete(&Key::new("a")).unwrap());
         assert!(!store.delete(&Key::new("a")).unwrap());
         assert_eq!(store.num_keys().unwrap(), 1);
+    }
+
+    #[test]
+    fn close_wakes_waiters_with_an_error() {
+        let store = Arc::new(MemoryStore::new());
+        let waiter = {
+            let store = Arc::clone(&store);
+            thread::spawn(move || store.get(&Key::new("never"), Duration::from_secs(600)))
+        };
+        // Closing is sticky: whether the waiter is already asleep or not yet waiting, it returns at once.
+        store.close();
+        assert!(matches!(waiter.join().unwrap(), Err(StoreError::Closed)));
+        store.set(&Key::new("k"), b"v").unwrap();
+        assert_eq!(store.get(&Key::new("k"), SHORT).unwrap(), b"v");
     }
 
     #[test]

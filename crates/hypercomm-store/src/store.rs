@@ -48,6 +48,46 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn num_keys(&self) -> Result<u64, StoreError>;
 }
 
+macro_rules! forward_store {
+    ($($ptr:ident)::+) => {
+        /// Forwards every operation to the store behind the pointer.
+        impl<S: Store + ?Sized> Store for $($ptr)::+<S> {
+            fn set(&self, key: &Key, value: &[u8]) -> Result<(), StoreError> {
+                (**self).set(key, value)
+            }
+            fn try_get(&self, key: &Key) -> Result<Option<Vec<u8>>, StoreError> {
+                (**self).try_get(key)
+            }
+            fn get(&self, key: &Key, timeout: Duration) -> Result<Vec<u8>, StoreError> {
+                (**self).get(key, timeout)
+            }
+            fn wait(&self, keys: &[Key], timeout: Duration) -> Result<(), StoreError> {
+                (**self).wait(keys, timeout)
+            }
+            fn add(&self, key: &Key, delta: i64) -> Result<i64, StoreError> {
+                (**self).add(key, delta)
+            }
+            fn compare_set(
+                &self,
+                key: &Key,
+                expected: Option<&[u8]>,
+                desired: &[u8],
+            ) -> Result<CompareSet, StoreError> {
+                (**self).compare_set(key, expected, desired)
+            }
+            fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+                (**self).delete(key)
+            }
+            fn num_keys(&self) -> Result<u64, StoreError> {
+                (**self).num_keys()
+            }
+        }
+    };
+}
+
+forward_store!(std::sync::Arc);
+forward_store!(Box);
+
 /// Parses a counter value as stored by [`Store::add`]. Implementations share it so they agree on the format.
 pub(crate) fn parse_counter(key: &Key, value: Option<&[u8]>) -> Result<i64, StoreError> {
     let Some(bytes) = value else { return Ok(0) };

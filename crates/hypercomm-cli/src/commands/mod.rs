@@ -1,4 +1,6 @@
 //! One module per subcommand: each has an `Args` (clap) and a `run` that returns a [`CliError`](crate::error::CliError).
 
 pub mod grid;
+pub mod launch;
 pub mod layout;
+pub mod store;

@@ -1,0 +1,75 @@
+//! `hypercomm launch`: start the local ranks of a job with rendezvous variables set, and supervise them.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use hypercomm_store::Secret;
+use hypercomm_store::launch::{LaunchError, Launcher};
+
+use crate::error::CliError;
+
+/// Arguments of `hypercomm launch`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Ranks to start on this node.
+    #[arg(short = 'n', long = "nproc-per-node")]
+    nproc: usize,
+    /// Nodes in the job.
+    #[arg(long, default_value_t = 1)]
+    nnodes: usize,
+    /// This node's index, `0..nnodes`; node 0 hosts the store.
+    #[arg(long, default_value_t = 0)]
+    node_rank: usize,
+    /// Host the store binds on node 0 and the ranks connect to.
+    #[arg(long, default_value = "127.0.0.1")]
+    master_addr: String,
+    /// Store port (0: a free port, single node only).
+    #[arg(long, default_value_t = 0)]
+    master_port: u16,
+    /// Seconds the other ranks get after one fails, and again between SIGTERM and SIGKILL.
+    #[arg(long, default_value_t = 5.0)]
+    grace_secs: f64,
+    /// Stop the whole job after this many seconds.
+    #[arg(long)]
+    timeout_secs: Option<f64>,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
+    command: Vec<OsString>,
+}
+
+fn seconds(flag: &str, value: f64) -> Result<Duration, CliError> {
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        CliError::Usage(format!(
+            "--{flag}={value} is not a non-negative number of seconds"
+        ))
+    })
+}
+
+/// Runs the job and fails with its summary when any rank failed.
+pub fn run(args: Args) -> Result<(), CliError> {
+    let Some((program, rest)) = args.command.split_first() else {
+        return Err(CliError::Usage("no program given after --".into()));
+    };
+    let secret = Secret::from_env().map_err(|e| CliError::Usage(e.to_string()))?;
+    let mut launcher = Launcher::new(program)
+        .args(rest)
+        .nproc(args.nproc)
+        .nodes(args.nnodes, args.node_rank)
+        .master(args.master_addr, args.master_port)
+        .grace(seconds("grace-secs", args.grace_secs)?)
+        .secret(secret)
+        .forward_signals(true);
+    if let Some(t) = args.timeout_secs {
+        launcher = launcher.timeout(seconds("timeout-secs", t)?);
+    }
+    let report = launcher.run().map_err(|e| match e {
+        LaunchError::Invalid(msg) => CliError::Usage(msg),
+        other => CliError::Failed(other.to_string()),
+    })?;
+    if report.success() {
+        eprintln!("hypercomm launch: {}", report.summary());
+        Ok(())
+    } else {
+        Err(CliError::Failed(report.summary()))
+    }
+}

@@ -1,0 +1,137 @@
+//! End-to-end tests of the launcher with small shell programs: environment, output, failure handling, timeouts.
+
+use std::time::Duration;
+
+use hypercomm::store::launch::{Exit, LaunchError, Launcher};
+
+const JOB_LIMIT: Duration = Duration::from_secs(120);
+
+fn sh(script: &str) -> Launcher {
+    Launcher::new("/bin/sh")
+        .args(["-c", script])
+        .echo(false)
+        .capture(true)
+        .timeout(JOB_LIMIT)
+}
+
+#[test]
+fn every_rank_gets_its_place_and_its_output_is_kept_per_rank() {
+    let report = sh("echo \"r=$HYPERCOMM_RANK w=$HYPERCOMM_WORLD_SIZE l=$HYPERCOMM_LOCAL_RANK \
+                     lw=$HYPERCOMM_LOCAL_WORLD_SIZE addr=$HYPERCOMM_STORE_ADDR\"; echo err-$HYPERCOMM_RANK >&2")
+        .nproc(3)
+        .run()
+        .unwrap();
+    assert!(report.success(), "{}", report.summary());
+    assert_eq!(report.exit_code(), 0);
+    for (k, outcome) in report.ranks.iter().enumerate() {
+        assert_eq!(outcome.rank, k);
+        assert_eq!(
+            outcome.stdout,
+            vec![format!("r={k} w=3 l={k} lw=3 addr={}", report.store_addr)]
+        );
+        assert_eq!(outcome.stderr, vec![format!("err-{k}")]);
+    }
+}
+
+#[test]
+fn multi_node_ranks_are_offset_by_the_node_rank() {
+    // Node 1 of 2 does not host the store, so nothing needs to listen for this shell-only job.
+    let report = sh("echo $HYPERCOMM_RANK/$HYPERCOMM_WORLD_SIZE/$HYPERCOMM_STORE_ADDR")
+        .nproc(2)
+        .nodes(2, 1)
+        .master("127.0.0.1", 29999)
+        .run()
+        .unwrap();
+    let lines: Vec<_> = report.ranks.iter().map(|r| r.stdout.join("")).collect();
+    assert_eq!(lines, ["2/4/127.0.0.1:29999", "3/4/127.0.0.1:29999"]);
+}
+
+#[test]
+fn a_failing_rank_stops_the_others_and_is_named_in_the_summary() {
+    let report = sh("if [ \"$HYPERCOMM_RANK\" = 1 ]; then exit 3; fi; exec sleep 60")
+        .nproc(3)
+        .grace(Duration::from_millis(200))
+        .run()
+        .unwrap();
+    assert!(!report.success());
+    assert_eq!(report.first_failure, Some(1));
+    assert_eq!(report.rank(1).unwrap().exit, Exit::Code(3));
+    assert_eq!(report.exit_code(), 3);
+    for other in [0, 2] {
+        let outcome = report.rank(other).unwrap();
+        assert_eq!(outcome.exit, Exit::Signal(15), "rank {other}");
+        assert!(outcome.stopped_by_launcher);
+    }
+    let summary = report.summary();
+    assert!(
+        summary.starts_with("rank 1 failed first: it exited with status 3"),
+        "{summary}"
+    );
+    assert!(!report.timed_out);
+}
+
+#[test]
+fn ranks_that_ignore_sigterm_are_killed_after_the_grace_period() {
+    let report =
+        sh("if [ \"$HYPERCOMM_RANK\" = 0 ]; then kill -SEGV $$; fi; trap '' TERM; sleep 60")
+            .nproc(2)
+            .grace(Duration::from_millis(200))
+            .run()
+            .unwrap();
+    assert_eq!(report.first_failure, Some(0));
+    assert_eq!(report.rank(0).unwrap().exit, Exit::Signal(11));
+    assert_eq!(report.exit_code(), 139);
+    assert_eq!(report.rank(1).unwrap().exit, Exit::Signal(9));
+    assert!(
+        report.summary().contains("SIGSEGV (11)"),
+        "{}",
+        report.summary()
+    );
+}
+
+#[test]
+fn the_job_timeout_stops_every_rank() {
+    let report = sh("exec sleep 60")
+        .nproc(2)
+        .timeout(Duration::from_millis(300))
+        .grace(Duration::from_millis(200))
+        .run()
+        .unwrap();
+    assert!(report.timed_out);
+    assert_eq!(report.exit_code(), 124);
+    assert!(
+        report
+            .ranks
+            .iter()
+            .all(|r| r.stopped_by_launcher && r.exit == Exit::Signal(15))
+    );
+}
+
+#[test]
+fn a_secret_is_handed_to_single_node_ranks() {
+    let report = sh("test ${#HYPERCOMM_STORE_SECRET} -eq 64")
+        .nproc(1)
+        .run()
+        .unwrap();
+    assert!(report.success(), "{}", report.summary());
+}
+
+#[test]
+fn start_up_errors_name_what_is_wrong() {
+    let err = Launcher::new("/nonexistent/program")
+        .nproc(2)
+        .run()
+        .unwrap_err();
+    assert!(matches!(err, LaunchError::Spawn { rank: 0, .. }), "{err}");
+    assert!(err.to_string().contains("/nonexistent/program"), "{err}");
+    let err = Launcher::new("/bin/true").nproc(0).run().unwrap_err();
+    assert_eq!(err.to_string(), "nproc=0: start at least one rank per node");
+    let err = Launcher::new("/bin/true").nodes(2, 0).run().unwrap_err();
+    assert!(err.to_string().contains("explicit master port"), "{err}");
+    let err = Launcher::new("/bin/true")
+        .nodes(2, 2)
+        .master("127.0.0.1", 1)
+        .run()
+        .unwrap_err();
+    assert_eq!(err.to_string(), "node rank 2 is not below nnodes=2");
+}
