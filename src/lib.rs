@@ -6,6 +6,7 @@
 //!   group computed directly, and Megatron-Core compatible layouts.
 //! - [`store`]: rendezvous. The key-value store every communicator bootstraps through.
 //! - [`comm`]: communicators. One `Communicator` face; the host backend runs on shared memory and TCP.
+//! - [`pgc`]: per rank, the communicators of every group it belongs to (Megatron's `ProcessGroupCollection`).
 //!
 //! Nothing in hypercomm is global: every grid, store and communicator is a value you own and pass along, so any
 //! number of worlds live side by side in one process.
@@ -13,3 +14,4 @@
 pub use hypercomm_comm as comm;
 pub use hypercomm_grid as grid;
 pub use hypercomm_store as store;
+pub use process_group_collection as pgc;

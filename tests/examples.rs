@@ -42,3 +42,21 @@ fn rl_layouts_runs() {
     let out = run_example("rl_layouts");
     assert!(out.contains("weight sync: [0, 4, 5, 6, 7]"), "{out}");
 }
+
+#[test]
+fn rl_pipeline_runs_eight_processes_and_checks_every_result() {
+    let out = run_example("rl_pipeline");
+    for rank in 0..8 {
+        assert!(
+            out.contains(&format!("[rank {rank}] rank {rank}: ")),
+            "{out}"
+        );
+    }
+    assert!(
+        out.contains(
+            "[rank 0] rank 0: policy tp [0, 1] sum ok, dp [0, 2] average ok, weights synced"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("all 8 rank(s) exited with status 0"), "{out}");
+}

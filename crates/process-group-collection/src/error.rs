@@ -1,0 +1,63 @@
+//! [`CollectionError`]: why a collection could not be built, or a group not handed out.
+
+use hypercomm_comm::CommError;
+use hypercomm_grid::layout::LayoutError;
+
+use crate::GroupId;
+
+/// What went wrong building or using a [`ProcessGroupCollection`](crate::ProcessGroupCollection).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CollectionError {
+    /// The layout has no such group kind, or rejected the rank.
+    #[error("collection {collection}: {source}")]
+    Layout {
+        /// The collection's name.
+        collection: String,
+        /// The layout's error.
+        source: LayoutError,
+    },
+    /// The collection was built without the group asked for.
+    #[error("collection {collection} has no {group} group: {why}")]
+    Absent {
+        /// The collection's name.
+        collection: String,
+        /// The group asked for.
+        group: GroupId,
+        /// Why it is absent.
+        why: String,
+    },
+    /// This rank belongs to no group of the kind asked for.
+    #[error("collection {collection}: rank {rank} is in no {group} group: {why}")]
+    NotMember {
+        /// The collection's name.
+        collection: String,
+        /// This rank.
+        rank: usize,
+        /// The group asked for.
+        group: GroupId,
+        /// Why the rank is left out.
+        why: &'static str,
+    },
+    /// Creating or using a group's communicator failed.
+    #[error("collection {collection}, group {group}: {source}")]
+    Comm {
+        /// The collection's name.
+        collection: String,
+        /// The group.
+        group: GroupId,
+        /// The communicator's error.
+        source: CommError,
+    },
+    /// The per-group options are invalid.
+    #[error("group options: {0}")]
+    Options(String),
+    /// The build request is inconsistent.
+    #[error("collection {collection}: {what}")]
+    Invalid {
+        /// The collection's name.
+        collection: String,
+        /// What is wrong.
+        what: String,
+    },
+}

@@ -1,0 +1,27 @@
+//! Per rank, the communicators of every group it belongs to: Megatron-Core's `ProcessGroupCollection`, built
+//! without global state and without any rank enumerating the world.
+//!
+//! 1. Describe the groups: a [`ParallelLayout`](hypercomm_grid::layout::ParallelLayout) through
+//!    [`ProcessGroupCollection::for_layout`], and/or custom kinds (grid groups, explicit rank lists) through
+//!    [`ProcessGroupCollection::custom`].
+//! 2. Choose what to build: all-gather twins ([`CollectionBuilder::with_all_gather_groups`]), further tagged
+//!    communicators over the same ranks ([`CollectionBuilder::with_tagged`]), per-kind [`GroupOptions`] (from code
+//!    or a JSON file), eager or lazy [`Creation`].
+//! 3. Build on each rank, either store-keyed ([`CollectionBuilder::build`]: each rank meets only its groups'
+//!    members, under `collection/<name>/<kind>/<level>/<group>/<tag>`) or by splitting a parent communicator
+//!    ([`CollectionBuilder::build_by_split`]: one split per group slot).
+//! 4. Use the communicators through typed accessors (`tp()`, `dp_cp()`, `dp_cp_ag()`, `hcp(level)`, ...) or
+//!    [`ProcessGroupCollection::get`]. Asking for a group the collection lacks says why.
+//!
+//! Each rank computes only its own groups with `group_of`, so its work grows with the number of groups it is in,
+//! not with the world. Dropping a collection releases every communicator.
+
+mod collection;
+mod error;
+mod options;
+mod plan;
+
+pub use collection::{CollectionBuilder, Creation, ProcessGroupCollection};
+pub use error::CollectionError;
+pub use options::{GroupOptionSet, GroupOptions};
+pub use plan::{CustomGroups, GroupId};

@@ -1,0 +1,190 @@
+//! [`GroupOptions`]: communicator options per group kind, from code or from a JSON file like Megatron-Core's
+//! NCCL communicator config.
+//!
+//! ```json
+//! { "dp_cp": { "timeout_secs": 120, "high_priority_stream": true },
+//!   "tp":    { "cga_cluster_size": 2, "max_ctas": 16 } }
+//! ```
+//!
+//! Every key is checked: an unknown group kind or an unknown option is an error naming it, never ignored. Options
+//! a backend cannot honour are rejected when the communicator is created (the host backend honours only
+//! `timeout_secs`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hypercomm_comm::CommOptions;
+use serde::{Deserialize, Serialize};
+
+use crate::CollectionError;
+
+/// The options one group kind's communicators get. Unset fields keep the collection's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupOptionSet {
+    /// Timeout of every wait on the group's communicators, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<f64>,
+    /// NCCL: run on a high-priority CUDA stream.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub high_priority_stream: Option<bool>,
+    /// NCCL: CGA cluster size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cga_cluster_size: Option<u32>,
+    /// NCCL: minimum CTAs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_ctas: Option<u32>,
+    /// NCCL: maximum CTAs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_ctas: Option<u32>,
+    /// NCCL: network plugin name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub net_name: Option<String>,
+    /// NCCL: blocking communicator calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocking: Option<bool>,
+    /// NCCL: share resources with the parent on split.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split_share: Option<bool>,
+    /// NCCL: IB traffic class.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traffic_class: Option<u32>,
+}
+
+impl GroupOptionSet {
+    /// `base` with every field of this set that is given.
+    pub fn apply(&self, mut base: CommOptions) -> Result<CommOptions, CollectionError> {
+        if let Some(secs) = self.timeout_secs {
+            base.timeout = Duration::try_from_secs_f64(secs)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    CollectionError::Options(format!(
+                        "timeout_secs {secs} is not a positive number of seconds"
+                    ))
+                })?;
+        }
+        macro_rules! copy {
+            ($($field:ident),*) => {$(
+                if let Some(value) = &self.$field {
+                    base.$field = Some(value.clone());
+                }
+            )*};
+        }
+        copy!(
+            high_priority_stream,
+            cga_cluster_size,
+            min_ctas,
+            max_ctas,
+            net_name,
+            blocking,
+            split_share,
+            traffic_class
+        );
+        Ok(base)
+    }
+}
+
+/// Options per group kind name (`tp`, `dp_cp`, ...).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GroupOptions {
+    by_kind: BTreeMap<String, GroupOptionSet>,
+}
+
+impl GroupOptions {
+    /// No per-group options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// These options with `set` for the group kind `kind`.
+    #[must_use]
+    pub fn with(mut self, kind: impl Into<String>, set: GroupOptionSet) -> Self {
+        self.by_kind.insert(kind.into(), set);
+        self
+    }
+
+    /// Parses the JSON form; unknown options are errors. Kind names are checked when the collection is built.
+    pub fn from_json(text: &str) -> Result<GroupOptions, CollectionError> {
+        serde_json::from_str(text).map_err(|e| CollectionError::Options(e.to_string()))
+    }
+
+    /// Reads and parses a JSON file.
+    pub fn from_file(path: &std::path::Path) -> Result<GroupOptions, CollectionError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            CollectionError::Options(format!("cannot read {}: {e}", path.display()))
+        })?;
+        Self::from_json(&text)
+            .map_err(|e| CollectionError::Options(format!("{}: {e}", path.display())))
+    }
+
+    /// The options for `kind`, if any.
+    pub fn get(&self, kind: &str) -> Option<&GroupOptionSet> {
+        self.by_kind.get(kind)
+    }
+
+    /// Fails on a kind name not in `known`, naming it and the known ones.
+    pub fn check_kinds<'a>(
+        &self,
+        known: impl IntoIterator<Item = &'a str> + Clone,
+    ) -> Result<(), CollectionError> {
+        for kind in self.by_kind.keys() {
+            if !known.clone().into_iter().any(|k| k == kind) {
+                let known: Vec<&str> = known.into_iter().collect();
+                return Err(CollectionError::Options(format!(
+                    "unknown group kind {kind:?} (this collection has: {})",
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_options_apply_to_comm_options() {
+        let opts = GroupOptions::from_json(
+            r#"{"dp_cp": {"timeout_secs": 2.5, "high_priority_stream": true}, "tp": {"max_ctas": 16}}"#,
+        )
+        .unwrap();
+        let dp_cp = opts
+            .get("dp_cp")
+            .unwrap()
+            .apply(CommOptions::named("x"))
+            .unwrap();
+        assert_eq!(dp_cp.timeout, Duration::from_millis(2500));
+        assert_eq!(dp_cp.high_priority_stream, Some(true));
+        assert_eq!(dp_cp.max_ctas, None);
+        let tp = opts
+            .get("tp")
+            .unwrap()
+            .apply(CommOptions::named("y"))
+            .unwrap();
+        assert_eq!(tp.max_ctas, Some(16));
+        assert!(opts.check_kinds(["tp", "dp_cp", "pp"]).is_ok());
+    }
+
+    #[test]
+    fn unknown_options_and_kinds_are_errors() {
+        let err = GroupOptions::from_json(r#"{"tp": {"max_cta": 16}}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `max_cta`"), "{err}");
+        let opts = GroupOptions::from_json(r#"{"tensor": {}}"#).unwrap();
+        let err = opts.check_kinds(["tp", "pp"]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "group options: unknown group kind \"tensor\" (this collection has: tp, pp)"
+        );
+        let bad = GroupOptions::from_json(r#"{"tp": {"timeout_secs": -1}}"#).unwrap();
+        let err = bad
+            .get("tp")
+            .unwrap()
+            .apply(CommOptions::named("t"))
+            .unwrap_err();
+        assert!(err.to_string().contains("timeout_secs -1"), "{err}");
+    }
+}
