@@ -16,6 +16,7 @@ use crate::CommError;
 use crate::backend::{Backend, Io};
 use crate::backends::host::HostBackend;
 use crate::element::{Element, ReduceOp, as_bytes, as_bytes_mut};
+use crate::failure;
 use crate::options::{BackendKind, CommOptions};
 use crate::work::{Work, pair};
 
@@ -24,11 +25,14 @@ type Job = Box<dyn FnOnce(&mut Engine) + Send>;
 /// What an out-of-place operation gives back: its `(input, output)` buffers.
 pub type InOut<T> = (Vec<T>, Vec<T>);
 
-/// The progress thread's state: the backend and whether the communicator is broken.
+/// The progress thread's state: the backend, whether the communicator is broken, and where to report a failure.
 struct Engine {
     backend: Box<dyn Backend>,
     broken: Arc<Mutex<Option<String>>>,
     comm: String,
+    store: Arc<dyn Store>,
+    rank: usize,
+    size: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -47,11 +51,18 @@ impl Engine {
                 cause,
             });
         }
-        let result = f(self.backend.as_mut());
+        let mut result = f(self.backend.as_mut());
+        if let Err(CommError::AbortedByPeer { by, lost, .. }) = &mut result
+            && lost.is_empty()
+        {
+            *lost = failure::fetch(self.store.as_ref(), &self.comm, *by, self.size);
+        }
         if let Err(e) = &result
             && e.is_fatal()
         {
             *lock(&self.broken) = Some(e.to_string());
+            let lost = failure::lost_ranks(e).unwrap_or(&[]);
+            failure::publish(&self.store, &self.comm, self.rank, lost);
             self.backend.abort();
         }
         result
@@ -95,6 +106,7 @@ pub struct Communicator {
     progress: Mutex<Option<JoinHandle<()>>>,
     broken: Arc<Mutex<Option<String>>>,
     splits: AtomicU64,
+    shrinks: AtomicU64,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -152,6 +164,9 @@ impl Communicator {
             backend,
             broken: Arc::clone(&broken),
             comm: options.name.clone(),
+            store: Arc::clone(&store),
+            rank,
+            size: ranks.len(),
         };
         let (tx, rx) = mpsc::channel::<Job>();
         let progress = std::thread::Builder::new()
@@ -178,6 +193,7 @@ impl Communicator {
             progress: Mutex::new(Some(progress)),
             broken,
             splits: AtomicU64::new(0),
+            shrinks: AtomicU64::new(0),
         })
     }
 
@@ -225,6 +241,16 @@ impl Communicator {
     /// The transport the backend chose (`"shm"` or `"tcp"` for the host backend).
     pub fn transport(&self) -> &'static str {
         self.transport
+    }
+
+    /// The store it bootstrapped through.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The number of the next shrink of this communicator (each call takes one).
+    pub(crate) fn next_shrink(&self) -> u64 {
+        self.shrinks.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The first fatal error, if the communicator is broken.
@@ -650,7 +676,12 @@ impl Communicator {
     /// Gives up on the communicator: marks it broken, tells the peers (their pending and later operations fail
     /// at once), lets queued operations fail fast and stops the progress thread.
     pub fn abort(self) {
+        let first = lock(&self.broken).is_none();
         lock(&self.broken).get_or_insert_with(|| "aborted by this rank".to_owned());
+        if first {
+            // A deliberate abort loses no rank; saying so spares the peers the wait for a failure record.
+            failure::publish(&self.store, &self.name, self.rank, &[]);
+        }
         if let Some(sender) = lock(&self.queue).take() {
             let _ = sender.send(Box::new(|engine: &mut Engine| engine.backend.abort()));
         }

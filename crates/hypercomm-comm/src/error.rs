@@ -59,7 +59,10 @@ pub enum CommError {
         during: String,
     },
     /// Another rank aborted the communicator or hit a fatal error; this rank stops too.
-    #[error("communicator {comm}: aborted by rank {by} (in {during})")]
+    #[error(
+        "communicator {comm}: aborted by rank {by}{} (in {during})",
+        lost_suffix(lost)
+    )]
     AbortedByPeer {
         /// The communicator's name.
         comm: String,
@@ -67,6 +70,9 @@ pub enum CommError {
         by: usize,
         /// The operation that noticed.
         during: String,
+        /// The ranks the aborting rank had lost (dead or missing), as it reported them; empty for a deliberate
+        /// abort or when its report did not arrive in time.
+        lost: Vec<usize>,
     },
     /// The communicator failed earlier or was aborted; no operation runs on it any more.
     #[error("communicator {comm} is broken: {cause}")]
@@ -104,6 +110,14 @@ pub enum CommError {
         /// What was wrong.
         what: String,
     },
+}
+
+fn lost_suffix(lost: &[usize]) -> String {
+    if lost.is_empty() {
+        String::new()
+    } else {
+        format!(" after losing rank(s) {lost:?}")
+    }
 }
 
 impl CommError {

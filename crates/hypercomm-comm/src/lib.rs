@@ -19,8 +19,10 @@ pub mod bench;
 mod communicator;
 mod element;
 mod error;
+mod failure;
 mod options;
 mod reduce;
+mod shrink;
 mod work;
 
 pub use communicator::{Communicator, InOut};

@@ -127,6 +127,7 @@ impl ShmTransport {
                 comm: self.comm.clone(),
                 by: (by - 1) as usize,
                 during: during(),
+                lost: Vec::new(),
             });
         }
         Ok(())

@@ -225,6 +225,7 @@ impl TcpTransport {
                 comm: self.comm.clone(),
                 by: peer,
                 during: during.to_owned(),
+                lost: Vec::new(),
             });
         }
         if len > self.cap.max(1 << 30) {
