@@ -13,6 +13,9 @@
 //! 4. Use the communicators through typed accessors (`tp()`, `dp_cp()`, `dp_cp_ag()`, `hcp(level)`, ...) or
 //!    [`ProcessGroupCollection::get`]. Asking for a group the collection lacks says why.
 //!
+//! 5. After losing ranks, [`ShrunkLayout::without_replicas_of`] drops the data-parallel replicas that held them and
+//!    says where every surviving rank lands in the smaller layout; build a new collection over it.
+//!
 //! Each rank computes only its own groups with `group_of`, so its work grows with the number of groups it is in,
 //! not with the world. Dropping a collection releases every communicator.
 
@@ -20,8 +23,10 @@ mod collection;
 mod error;
 mod options;
 mod plan;
+mod rebuild;
 
 pub use collection::{CollectionBuilder, Creation, ProcessGroupCollection};
 pub use error::CollectionError;
 pub use options::{GroupOptionSet, GroupOptions};
 pub use plan::{CustomGroups, GroupId};
+pub use rebuild::ShrunkLayout;
