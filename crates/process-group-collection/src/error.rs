@@ -61,13 +61,6 @@ pub enum CollectionError {
         what: String,
     },
     /// A layout cannot shrink around the lost ranks.
-    #[error("cannot rebuild layout {layout} without ranks {lost:?}: {what}")]
-    Rebuild {
-        /// The layout, as `world=.. tp=.. pp=.. cp=.. dp=..`.
-        layout: String,
-        /// The ranks that were lost.
-        lost: Vec<usize>,
-        /// Why it cannot.
-        what: String,
-    },
+    #[error("cannot rebuild without the lost ranks: {0}")]
+    Rebuild(String),
 }

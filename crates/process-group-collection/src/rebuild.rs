@@ -47,17 +47,15 @@ impl ShrunkLayout {
         lost: &[usize],
     ) -> Result<ShrunkLayout, CollectionError> {
         let config = layout.config();
-        let fail = |what: String| CollectionError::Rebuild {
-            layout: format!(
-                "world={} tp={} pp={} cp={} dp={}",
+        let fail = |what: String| {
+            CollectionError::Rebuild(format!(
+                "layout world={} tp={} pp={} cp={} dp={} losing ranks {lost:?}: {what}",
                 layout.world(),
                 config.tp,
                 config.pp,
                 config.cp,
                 layout.dp()
-            ),
-            lost: lost.to_vec(),
-            what,
+            ))
         };
         let grid = layout.decoder();
         let mut dropped = Vec::new();
