@@ -68,6 +68,8 @@ pub(crate) trait Backend: Send {
     fn barrier(&mut self) -> Result<(), CommError>;
     /// Gives up: tells the peers (so their waits fail at once) and releases transport resources.
     fn abort(&mut self);
+    /// Fault injection for tests: drops the connection to `peer`, if the backend has one.
+    fn sever(&mut self, peer: usize) -> Result<(), CommError>;
     /// The transport in use, for diagnostics (`"shm"`, `"tcp"`).
     fn transport_name(&self) -> &'static str;
 }

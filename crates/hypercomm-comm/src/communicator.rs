@@ -624,6 +624,15 @@ impl Communicator {
         })
     }
 
+    /// Fault injection for tests, not part of the supported API: once the operations issued before it are done,
+    /// drops this rank's connection to `peer` as a failing network would (TCP transport only; shared memory
+    /// refuses). The next operation involving `peer` fails on both sides.
+    #[doc(hidden)]
+    pub fn inject_connection_drop(&self, peer: usize) -> Result<Work<()>, CommError> {
+        self.check_peer(peer)?;
+        self.submit(move |b| b.sever(peer))
+    }
+
     /// Completes once every rank has issued it.
     pub fn barrier(&self) -> Result<Work<()>, CommError> {
         self.submit(|b| b.barrier())

@@ -6,8 +6,8 @@
 //! key (briefly) and names the lost ranks in its own error. A rank that aborts because a peer aborted passes the
 //! list on under its own key, so chains of aborts keep the original cause.
 //!
-//! The write runs on a short-lived thread: a store that is itself gone must not delay the abort, and the readers
-//! wait at most [`FETCH_WAIT`] for it.
+//! The write runs on a short-lived thread that the aborting rank waits for at most [`PUBLISH_WAIT`] (a store that
+//! is itself gone must not hold the abort up for long), and the readers wait at most [`FETCH_WAIT`] for it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +15,9 @@ use std::time::Duration;
 use hypercomm_store::{Key, KeyPart, Store, StoreError};
 
 use crate::CommError;
+
+/// How long a failing rank waits for its failure record to reach the store before aborting anyway.
+pub(crate) const PUBLISH_WAIT: Duration = Duration::from_millis(500);
 
 /// How long a rank stopped by a peer's abort waits for that peer's failure record.
 pub(crate) const FETCH_WAIT: Duration = Duration::from_millis(1500);
@@ -49,15 +52,23 @@ fn decode(bytes: &[u8], size: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Records (in the background) that `rank` of `comm` lost `lost`; an empty list means a deliberate abort.
+/// Records that `rank` of `comm` lost `lost` (an empty list means a deliberate abort), waiting at most
+/// [`PUBLISH_WAIT`] for the store: long enough for a live store, short enough that a dead one barely delays the
+/// abort. The write goes on in the background past that, in case the process lives on.
 pub(crate) fn publish(store: &Arc<dyn Store>, comm: &str, rank: usize, lost: &[usize]) {
     let (store, key, value) = (Arc::clone(store), key(comm, rank), encode(lost));
+    let (done, written) = std::sync::mpsc::channel();
     // A failure to start the thread or to write only costs the peers the detail; they still fail.
-    let _ = std::thread::Builder::new()
+    let spawned = std::thread::Builder::new()
         .name("hypercomm-failure".into())
         .spawn(move || {
             let _ = store.set(&key, &value);
+            let _ = done.send(());
         });
+    if spawned.is_ok() {
+        // Waiting matters: a process that exits right after its error would otherwise kill the write.
+        let _ = written.recv_timeout(PUBLISH_WAIT);
+    }
 }
 
 /// The ranks `by` reported lost before aborting `comm` (of `size` ranks); empty when it reported none in time.

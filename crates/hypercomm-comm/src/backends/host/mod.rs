@@ -262,6 +262,10 @@ impl Backend for HostBackend {
         algorithms::barrier(&mut self.ctx(OpKind::Barrier, None, None, None, 0))
     }
 
+    fn sever(&mut self, peer: usize) -> Result<(), CommError> {
+        self.transport.sever(peer)
+    }
+
     fn abort(&mut self) {
         self.transport.abort();
     }

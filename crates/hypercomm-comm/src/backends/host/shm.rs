@@ -414,6 +414,15 @@ impl Transport for ShmTransport {
         Ok(())
     }
 
+    fn sever(&mut self, peer: usize) -> Result<(), CommError> {
+        Err(CommError::InvalidArgument {
+            comm: self.comm.clone(),
+            what: format!(
+                "cannot drop the connection to rank {peer}: shared memory has no connections (use force_tcp)"
+            ),
+        })
+    }
+
     fn abort(&mut self) {
         let _ =
             self.seg

@@ -464,6 +464,18 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
+    fn sever(&mut self, peer: usize) -> Result<(), CommError> {
+        // Shutting the socket down, unlike dropping it, leaves the slot in place, so later calls see a broken
+        // connection rather than a missing one: what a dropped network connection looks like.
+        self.stream(peer)?
+            .shutdown(std::net::Shutdown::Both)
+            .map_err(|source| CommError::Io {
+                comm: self.comm.clone(),
+                what: format!("shutting down the connection to rank {peer}"),
+                source,
+            })
+    }
+
     fn abort(&mut self) {
         let header = Header {
             seq: 0,

@@ -62,6 +62,9 @@ pub(crate) trait Transport: Send {
     fn recv(&mut self, peer: usize, header: &Header, data: &mut [u8]) -> Result<(), CommError>;
     /// Tells the peers this rank gives up, so that their waits fail at once.
     fn abort(&mut self);
+    /// Fault injection for tests: drops the connection to `peer` the way a failing network would. Transports
+    /// without per-peer connections refuse with [`CommError::InvalidArgument`].
+    fn sever(&mut self, peer: usize) -> Result<(), CommError>;
 }
 
 /// Resolves a publication's segments to byte slices.

@@ -1,0 +1,223 @@
+//! The rank side of the fault suite: what each process does in each case. Run by the launcher as the
+//! `#[ignore]`d test `rank::fault_rank`; does nothing without `HC_FAULT_CASE`.
+//!
+//! Every rank prints `pid <pid>` first. A rank that observes the fault prints `SEEN ms=<time to error> err=<error>`
+//! and exits with [`EXPECTED`]; a misconfigured rank that fails as it should prints `FAULTY ...` and exits the same
+//! way. Any other outcome panics (exit status 101), which the driver reports.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hypercomm::comm::{BackendKind, CommOptions, Communicator, ReduceOp};
+use hypercomm::grid::layout::LayoutConfig;
+use hypercomm::pgc::ProcessGroupCollection;
+use hypercomm::store::{ClientOptions, Key, Rendezvous, Secret, Store, TcpStore};
+use rustix::process::{Signal, getpid, kill_process};
+
+/// Exit status of a rank that saw the injected fault as it should.
+pub const EXPECTED: i32 = 17;
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} must be set for a fault rank"))
+}
+
+/// Prints the observation and exits; an `Ok` means the fault went unnoticed, which fails the case.
+fn seen<T, E: std::fmt::Display>(tag: &str, start: Instant, result: Result<T, E>) -> ! {
+    match result {
+        Ok(_) => panic!("the fault went unnoticed: the operation succeeded"),
+        Err(e) => {
+            println!("{tag} ms={} err={e}", start.elapsed().as_millis());
+            std::process::exit(EXPECTED);
+        }
+    }
+}
+
+/// Sends `signal` to this process and never returns. The signal may land a moment after `kill` returns, so the
+/// calling thread parks instead of going on to take part in the next operation.
+fn die(signal: Signal) -> ! {
+    // Our own pid is always valid to signal.
+    kill_process(getpid(), signal).unwrap();
+    for _ in 0..600 {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("still running two minutes after {signal:?}");
+}
+
+/// Waits (bounded) until `key` exists, so the victim dies at a known point of the bootstrap.
+fn wait_for(store: &dyn Store, key: &Key) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while store.try_get(key).ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+#[ignore = "rank program of the fault suite"]
+fn fault_rank() {
+    let Ok(case) = std::env::var("HC_FAULT_CASE") else {
+        return;
+    };
+    println!("pid {}", std::process::id());
+    let rdv = Rendezvous::from_env().unwrap();
+    let (me, n) = (rdv.rank, rdv.world_size);
+    let victim = n - 1;
+    let timeout = Duration::from_millis(var("HC_FAULT_TIMEOUT_MS").parse().unwrap());
+    let name = format!("fault-{case}");
+    let options = CommOptions {
+        timeout,
+        force_tcp: case.ends_with("tcp") || case == "tcp_drop",
+        ..CommOptions::named(name.clone())
+    };
+    let mut client = rdv.client_options().with_timeouts(timeout * 2, timeout);
+    if case == "wrong_secret" && me == victim {
+        client = client.with_secret(Some(Secret::new(b"not the job's secret".to_vec()).unwrap()));
+    }
+    // The store_kill case's own store runs without a secret.
+    let addr = match std::env::var("HC_STORE") {
+        Ok(addr) => {
+            client = client.with_secret(None);
+            addr
+        }
+        Err(_) => rdv.store_addr.to_string(),
+    };
+    let start = Instant::now();
+    let store: Arc<dyn Store> = match TcpStore::connect(addr, client) {
+        Ok(s) => Arc::new(s),
+        Err(e) if case == "wrong_secret" && me == victim => seen("FAULTY", start, Err::<(), _>(e)),
+        Err(e) => panic!("rank {me} cannot reach the store: {e}"),
+    };
+    let world = |size: usize| {
+        Communicator::world(
+            BackendKind::Host,
+            Arc::clone(&store),
+            size,
+            me,
+            options.clone(),
+        )
+    };
+    let small = |comm: &Communicator| {
+        comm.all_reduce(vec![1.0f32; 16], ReduceOp::Sum)
+            .and_then(|w| w.wait())
+    };
+    match case.as_str() {
+        "bootstrap_kill" => {
+            if me == victim {
+                let (boot_store, boot_options) = (Arc::clone(&store), options.clone());
+                let boot = std::thread::spawn(move || {
+                    Communicator::world(BackendKind::Host, boot_store, n, me, boot_options)
+                });
+                // Die once this rank's bootstrap record is out: the others have started meeting it.
+                wait_for(
+                    store.as_ref(),
+                    &Key::new("comm").push(name.as_str()).push("host").push(me),
+                );
+                drop(boot);
+                die(Signal::KILL);
+            }
+            let start = Instant::now();
+            // Should the victim die just after the bootstrap completed, the first operation notices instead.
+            let result = world(n).and_then(|comm| comm.barrier()?.wait());
+            seen("SEEN", start, result)
+        }
+        "wrong_world" | "wrong_secret" => {
+            if me == victim {
+                let start = Instant::now();
+                seen("FAULTY", start, world(n + 1).and_then(|c| small(&c)))
+            }
+            let start = Instant::now();
+            seen("SEEN", start, world(n).and_then(|c| small(&c)))
+        }
+        "collection_kill" => {
+            let layout = LayoutConfig::new(n).tp(2).build().unwrap();
+            let builder = ProcessGroupCollection::for_layout(name.as_str(), layout)
+                .with_explicit_groups("everyone", vec![(0..n).collect()])
+                .with_timeout(timeout);
+            if me == victim {
+                let store = Arc::clone(&store);
+                let build = std::thread::spawn(move || builder.build(me, store));
+                std::thread::sleep(Duration::from_millis(30));
+                drop(build);
+                die(Signal::KILL);
+            }
+            let start = Instant::now();
+            seen("SEEN", start, builder.build(me, Arc::clone(&store)))
+        }
+        _ => {}
+    }
+    let comm = world(n).unwrap();
+    comm.barrier().unwrap().wait().unwrap();
+    match case.as_str() {
+        "small_kill_shm" | "small_kill_tcp" => {
+            if me == victim {
+                std::thread::sleep(Duration::from_millis(200));
+                die(Signal::KILL);
+            }
+            let start = Instant::now();
+            seen("SEEN", start, small(&comm))
+        }
+        "large_kill_shm" | "large_kill_tcp" => {
+            let big = || comm.all_reduce(vec![1.0f32; 1 << 22], ReduceOp::Sum);
+            if me == victim {
+                let pending = big().unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                drop(pending);
+                die(Signal::KILL);
+            }
+            let start = Instant::now();
+            seen("SEEN", start, big().and_then(|w| w.wait()))
+        }
+        "between_kill" => {
+            if me == victim {
+                die(Signal::KILL);
+            }
+            // Let the victim die between two collectives (this wait is the point of the case, not a sync).
+            std::thread::sleep(Duration::from_millis(300));
+            let start = Instant::now();
+            seen("SEEN", start, small(&comm))
+        }
+        "stop_shm" | "stop_tcp" => {
+            if me == victim {
+                die(Signal::STOP);
+            }
+            let start = Instant::now();
+            seen("SEEN", start, small(&comm))
+        }
+        "tcp_drop" => {
+            if me == 0 {
+                comm.inject_connection_drop(1).unwrap().wait().unwrap();
+            }
+            let start = Instant::now();
+            seen("SEEN", start, small(&comm))
+        }
+        "store_kill" => {
+            if me == 0 {
+                // The store may die before it answers this very request.
+                let _ = store.set(&Key::new("kill"), b"");
+            }
+            // Every rank waits until it sees the store gone (bounded), then needs it for a new communicator.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while store.try_get(&Key::new("kill")).is_ok() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let start = Instant::now();
+            seen("SEEN", start, comm.split(Some(0), 0))
+        }
+        other => panic!("unknown fault case {other}"),
+    }
+}
+
+/// The standalone store of the `store_kill` case: serves on a free port, prints it, and kills itself (SIGKILL, no
+/// clean shutdown) once the key `kill` is set.
+#[test]
+#[ignore = "store program of the fault suite"]
+fn fault_store() {
+    if std::env::var_os("HC_FAULT_STORE").is_none() {
+        return;
+    }
+    let server = TcpStore::server("127.0.0.1:0", Default::default()).unwrap();
+    let addr = server.local_addr().to_string();
+    println!("addr {addr}");
+    let client = TcpStore::connect(addr, ClientOptions::default()).unwrap();
+    let _ = client.get(&Key::new("kill"), Duration::from_secs(120));
+    die(Signal::KILL);
+}
