@@ -13,10 +13,12 @@
 //! 4. Use the communicators through typed accessors (`tp()`, `dp_cp()`, `dp_cp_ag()`, `hcp(level)`, ...) or
 //!    [`ProcessGroupCollection::get`]. Asking for a group the collection lacks says why.
 //!
-//! Each rank computes only its own groups with `group_of`, so its work grows with the number of groups it is in,
-//! not with the world. Dropping a collection releases every communicator.
+//! Each rank computes only its own groups with `group_of`, and its bootstrap costs the store a constant number of
+//! requests per group, so its work grows with the number of groups it is in, not with the world ([`cost`]
+//! simulates the store traffic for worlds of any size). Dropping a collection releases every communicator.
 
 mod collection;
+pub mod cost;
 mod error;
 mod options;
 mod plan;
