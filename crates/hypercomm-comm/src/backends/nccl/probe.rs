@@ -176,6 +176,14 @@ impl DeviceRuntime {
         Ok(Arc::new(DeviceRuntime { nccl, driver }))
     }
 
+    /// [`probe`](Self::probe) with NCCL's search described by environment variables read through `lookup`
+    /// (`NCCL_LIBRARY`, the Python folders; see `nccl_sys::loader`).
+    pub fn probe_with_env(
+        lookup: impl Fn(&str) -> Option<std::ffi::OsString>,
+    ) -> Result<Arc<DeviceRuntime>, CommError> {
+        Self::probe(&SearchConfig::from_env(lookup))
+    }
+
     /// The loaded NCCL.
     pub fn nccl(&self) -> &Nccl {
         &self.nccl
