@@ -106,10 +106,11 @@ fn fault_rank() {
                 let boot = std::thread::spawn(move || {
                     Communicator::world(BackendKind::Host, boot_store, n, me, boot_options)
                 });
-                // Die once this rank's bootstrap record is out: the others have started meeting it.
+                // Die once some rank has arrived (the bootstrap's `arrivals` counter exists): the others have started
+                // meeting, and this rank may or may not have been counted yet.
                 wait_for(
                     store.as_ref(),
-                    &Key::new("comm").push(name.as_str()).push("host").push(me),
+                    &Key::new("comm").push(name.as_str()).push("arrivals"),
                 );
                 drop(boot);
                 die(Signal::KILL);
@@ -133,10 +134,13 @@ fn fault_rank() {
                 .with_explicit_groups("everyone", vec![(0..n).collect()])
                 .with_timeout(timeout);
             if me == victim {
-                let store = Arc::clone(&store);
-                let build = std::thread::spawn(move || builder.build(me, store));
-                std::thread::sleep(Duration::from_millis(30));
-                drop(build);
+                // Die once the others are building (their first store keys exist): they cannot finish without
+                // this rank, which takes part in the `everyone` group.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while store.num_keys().unwrap_or(0) == 0 && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                drop(builder);
                 die(Signal::KILL);
             }
             let start = Instant::now();

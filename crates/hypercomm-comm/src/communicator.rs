@@ -151,10 +151,12 @@ impl Communicator {
             )));
         }
         let backend: Box<dyn Backend> = match kind {
-            BackendKind::Host => Box::new(
-                HostBackend::connect(store.as_ref(), ranks.len(), rank, &options)
-                    .map_err(|e| failure::name_missing_ranks(e, &options.name, ranks.len()))?,
-            ),
+            BackendKind::Host => Box::new(HostBackend::connect(
+                store.as_ref(),
+                ranks.len(),
+                rank,
+                &options,
+            )?),
         };
         let transport = backend.transport_name();
         let broken = Arc::new(Mutex::new(None));

@@ -17,6 +17,30 @@ pub enum CommError {
         /// The option's field name in `CommOptions`.
         option: &'static str,
     },
+    /// A set option needs a newer release of the backend's library than the one loaded; it is refused rather
+    /// than dropped (NCCL silently ignores config fields newer than itself).
+    #[error(
+        "option {option} needs {library} {needs} or newer, but {library} {loaded} is loaded; leave it unset or upgrade"
+    )]
+    OptionNeedsNewerLibrary {
+        /// The option's field name in `CommOptions`.
+        option: &'static str,
+        /// The library (`"nccl"`).
+        library: &'static str,
+        /// The first release that honours the option.
+        needs: String,
+        /// The loaded release.
+        loaded: String,
+    },
+    /// Something this operation needs is not on this machine (no GPU, no CUDA driver, no NCCL, no NVRTC). Nothing
+    /// was started; the error says what is missing and why, and nothing panics on the way.
+    #[error("{what} is unavailable: {why}")]
+    Unavailable {
+        /// What was asked for (`"cuda driver"`, `"nccl"`, `"device communicator"`).
+        what: String,
+        /// Why it cannot be had, with what was tried.
+        why: String,
+    },
     /// A caller-side argument is wrong (buffer length, root, peer, rank list). Nothing was sent.
     #[error("communicator {comm}: {what}")]
     InvalidArgument {
@@ -102,6 +126,14 @@ pub enum CommError {
         #[source]
         source: std::io::Error,
     },
+    /// A CUDA or NCCL call failed on the device backend. The communicator is now broken.
+    #[error("communicator {comm}: {what}")]
+    Device {
+        /// The communicator's name (or the device, before a communicator exists).
+        comm: String,
+        /// The call that failed and the library's own error text.
+        what: String,
+    },
     /// A peer sent something that is not part of the protocol (a bug or a foreign process).
     #[error("communicator {comm}: protocol violation: {what}")]
     Protocol {
@@ -127,6 +159,8 @@ impl CommError {
         !matches!(
             self,
             CommError::UnsupportedOption { .. }
+                | CommError::OptionNeedsNewerLibrary { .. }
+                | CommError::Unavailable { .. }
                 | CommError::InvalidArgument { .. }
                 | CommError::Mismatch { .. }
         )

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypercomm_store::{Key, KeyPart, Store, StoreError};
+use hypercomm_store::{Key, Store};
 
 use crate::CommError;
 
@@ -79,75 +79,9 @@ pub(crate) fn fetch(store: &dyn Store, comm: &str, by: usize, size: usize) -> Ve
         .unwrap_or_default()
 }
 
-/// Turns a bootstrap's store timeout on per-rank keys (`comm/<name>/<what>/<rank>`) into a
-/// [`CommError::Timeout`] naming the ranks, so that a rank missing at start-up is reported like one missing later.
-/// Any other error is returned as it is.
-pub(crate) fn name_missing_ranks(e: CommError, comm: &str, size: usize) -> CommError {
-    let CommError::Store {
-        source: StoreError::Timeout { missing, after },
-        ..
-    } = &e
-    else {
-        return e;
-    };
-    let rank_of = |k: &Key| match k.parts() {
-        [
-            KeyPart::Str(root),
-            KeyPart::Str(name),
-            KeyPart::Str(_),
-            KeyPart::Int(r),
-        ] if root == "comm" && name == comm && (*r as usize) < size => Some(*r as usize),
-        _ => None,
-    };
-    let ranks: Option<Vec<usize>> = missing.iter().map(rank_of).collect();
-    match ranks {
-        Some(mut ranks) if !ranks.is_empty() => {
-            ranks.sort_unstable();
-            ranks.dedup();
-            let keys: Vec<String> = missing.iter().take(4).map(Key::to_string).collect();
-            CommError::Timeout {
-                comm: comm.to_owned(),
-                missing: ranks,
-                after: *after,
-                during: format!("bootstrap, waiting for {}", keys.join(", ")),
-            }
-        }
-        _ => e,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bootstrap_timeouts_on_rank_keys_name_the_ranks() {
-        let timeout = |missing: Vec<Key>| CommError::Store {
-            comm: "c".into(),
-            source: StoreError::Timeout {
-                missing,
-                after: Duration::from_secs(2),
-            },
-        };
-        let k = |what: &str, r: usize| Key::new("comm").push("c").push(what).push(r);
-        let e = name_missing_ranks(timeout(vec![k("host", 3), k("host", 1)]), "c", 4);
-        assert!(
-            matches!(&e, CommError::Timeout { missing, .. } if missing == &vec![1, 3]),
-            "{e}"
-        );
-        assert!(e.to_string().contains("comm/c/host/#3"), "{e}");
-        // Keys of another shape, another communicator or out of range stay store errors.
-        for keys in [
-            vec![Key::new("comm").push("c").push("shm")],
-            vec![k("host", 9)],
-        ] {
-            let e = name_missing_ranks(timeout(keys), "c", 4);
-            assert!(matches!(e, CommError::Store { .. }), "{e}");
-        }
-        let e = name_missing_ranks(timeout(vec![k("host", 1)]), "other", 4);
-        assert!(matches!(e, CommError::Store { .. }), "{e}");
-    }
-    use hypercomm_store::MemoryStore;
 
     #[test]
     fn a_published_list_is_fetched_and_junk_is_dropped() {

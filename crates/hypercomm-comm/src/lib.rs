@@ -12,11 +12,14 @@
 //!    [`Communicator::abort`] releases it.
 //!
 //! The host backend runs on CPU memory: shared memory on one machine, TCP across machines. See `backends/host`.
+//! The NCCL backend runs on GPU memory; its face is [`device`], and [`device::ProcessGroup`] routes each
+//! collective to the host or the device communicator by where its buffer lives.
 
 mod backend;
 mod backends;
 pub mod bench;
 mod communicator;
+pub mod device;
 mod element;
 mod error;
 mod failure;

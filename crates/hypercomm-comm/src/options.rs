@@ -56,6 +56,9 @@ pub struct CommOptions {
     pub timeout: Duration,
     /// Host backend: use TCP even between ranks on the same machine.
     pub force_tcp: bool,
+    /// Host backend, across machines: the address peers on other hosts reach this rank at. Unset: the first
+    /// non-loopback address this host's name resolves to. Ranks that share a host always meet over loopback.
+    pub host_addr: Option<std::net::IpAddr>,
     /// Host backend: force an algorithm family instead of choosing by size.
     pub algorithm: Algorithm,
     /// Host backend: bytes of staging area per rank and round (default 1 MiB); large messages are pipelined
@@ -92,6 +95,7 @@ impl CommOptions {
             name: name.into(),
             timeout: Duration::from_secs(300),
             force_tcp: false,
+            host_addr: None,
             algorithm: Algorithm::Auto,
             scratch_bytes: None,
             high_priority_stream: None,

@@ -142,7 +142,7 @@ impl CollectionBuilder {
             .map_err(|source| CollectionError::Comm {
                 collection: self.name.clone(),
                 group: slot.id.clone(),
-                source,
+                source: Box::new(source),
             })?;
         Ok(Entry {
             id: slot.id,
@@ -218,7 +218,7 @@ impl CollectionBuilder {
             let comm_err = |source| CollectionError::Comm {
                 collection: self.name.clone(),
                 group: entry.id.clone(),
-                source,
+                source: Box::new(source),
             };
             let color = match &entry.membership {
                 Ok(m) => Some(
@@ -491,7 +491,7 @@ impl ProcessGroupCollection {
         let comm_err = |source| CollectionError::Comm {
             collection: self.name.clone(),
             group: entry.id.clone(),
-            source,
+            source: Box::new(source),
         };
         let (Ok(m), Some(store)) = (&entry.membership, &self.store) else {
             return Err(CollectionError::Invalid {
@@ -528,7 +528,7 @@ impl ProcessGroupCollection {
                     .map_err(|source| CollectionError::Comm {
                         collection: self.name.clone(),
                         group: entry.id.clone(),
-                        source,
+                        source: Box::new(source),
                     })?;
             }
         }

@@ -47,7 +47,7 @@ pub enum CollectionError {
         /// The group.
         group: GroupId,
         /// The communicator's error.
-        source: CommError,
+        source: Box<CommError>,
     },
     /// The per-group options are invalid.
     #[error("group options: {0}")]

@@ -12,14 +12,15 @@
 //!    ([`CollectionBuilder::build_by_split`]: one split per group slot).
 //! 4. Use the communicators through typed accessors (`tp()`, `dp_cp()`, `dp_cp_ag()`, `hcp(level)`, ...) or
 //!    [`ProcessGroupCollection::get`]. Asking for a group the collection lacks says why.
-//!
 //! 5. After losing ranks, [`ShrunkLayout::without_replicas_of`] drops the data-parallel replicas that held them and
 //!    says where every surviving rank lands in the smaller layout; build a new collection over it.
 //!
-//! Each rank computes only its own groups with `group_of`, so its work grows with the number of groups it is in,
-//! not with the world. Dropping a collection releases every communicator.
+//! Each rank computes only its own groups with `group_of`, and its bootstrap costs the store a constant number of
+//! requests per group, so its work grows with the number of groups it is in, not with the world ([`cost`]
+//! simulates the store traffic for worlds of any size). Dropping a collection releases every communicator.
 
 mod collection;
+pub mod cost;
 mod error;
 mod options;
 mod plan;

@@ -109,7 +109,7 @@ impl Topology {
         names
     }
 
-    fn layout_kinds(&self) -> Vec<GroupKind> {
+    pub(crate) fn layout_kinds(&self) -> Vec<GroupKind> {
         let Some(layout) = &self.layout else {
             return Vec::new();
         };

@@ -11,7 +11,7 @@ use crate::error::CliError;
 /// Arguments of `hypercomm bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Backend to measure (only `host` so far).
+    /// Backend to measure: `host`, or `nccl` (needs a GPU; without one it reports what is missing).
     #[arg(long, default_value = "host")]
     backend: String,
     /// Number of ranks (threads of this process, each with its own communicator).
@@ -94,11 +94,25 @@ fn row(r: &BenchResult) -> String {
 
 /// Runs the benchmark and prints, writes and draws its results.
 pub fn run(args: Args) -> Result<(), CliError> {
-    if args.backend != "host" {
-        return Err(CliError::Usage(format!(
-            "backend {:?} is not available; use host",
-            args.backend
-        )));
+    match args.backend.as_str() {
+        "host" => {}
+        "nccl" => {
+            // The device bench needs a GPU; say exactly what is missing rather than fall back to the host.
+            let runtime =
+                hypercomm_comm::device::DeviceRuntime::probe_with_env(|n| std::env::var_os(n))
+                    .map_err(|e| CliError::Failed(format!("--backend nccl: {e}")))?;
+            return Err(CliError::Failed(format!(
+                "--backend nccl: found nccl {} and {} device(s), but the nccl bench loop is not written yet; \
+                 see docs/gpu-validation.md",
+                runtime.nccl().version(),
+                runtime.device_count()
+            )));
+        }
+        other => {
+            return Err(CliError::Usage(format!(
+                "backend {other:?} is not available; use host or nccl"
+            )));
+        }
     }
     let op = BenchOp::from_name(&args.op).ok_or_else(|| {
         let names: Vec<_> = BenchOp::ALL.iter().map(|o| o.name()).collect();

@@ -1,19 +1,28 @@
-//! Bootstrap: how the ranks of a new communicator find each other through the store and pick a transport.
+//! Bootstrap: how the ranks of a new communicator find each other through the store and pick a transport, with a
+//! constant number of store operations per rank whatever the communicator's size.
 //!
-//! Keys live under `comm/<name>/...`:
+//! Keys (all under `comm/<name>/`):
 //!
-//! 1. `comm/<name>/host/<rank>`: `"<boot id>/<hostname>\n<pid>"`. Every rank writes its own and reads all.
-//! 2. All on one host and TCP not forced: rank 0 creates the segment and writes its path to `comm/<name>/shm`;
-//!    the others map it and write `comm/<name>/attached/<rank>`; once all have, rank 0 unlinks the file.
-//! 3. Otherwise: every rank listens on an ephemeral loopback port, writes it to `comm/<name>/tcp/<rank>`, connects
-//!    to every lower rank and accepts every higher one.
+//! 1. `leader`: rank 0 publishes `"<host identity>\n<pid>\n<segment path or empty>"`. Unless TCP is forced, it has
+//!    just created the shared-memory segment and attached to it.
+//! 2. Every other rank reads `leader`. A rank on the leader's host (same boot id and hostname) maps the segment
+//!    and attaches (writes its pid into its control block) before going on.
+//! 3. `arrivals`: every rank adds 1 if it shares the leader's host, `n + 1` otherwise. The sum tells how many have
+//!    arrived (`sum mod (n+1)` plus `sum div (n+1)`) and how many are remote; the rank whose add completes the count
+//!    writes `decision`: `shm` (all local, TCP not forced), `tcp-local` (all local, TCP forced) or `tcp`.
+//! 4. Everyone reads `decision`. Under `shm` every rank attached before its add, so the leader removes the
+//!    segment's file name at once; the peers' pids come from the segment. Under TCP the segment is dropped, the
+//!    leader publishes its listening address under `tcp`, and the mesh is built peer to peer through the leader
+//!    (see `mesh`).
+//!
+//! Per rank: 3 or 4 requests (a 5th for the rank that decides), a few hundred bytes.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use hypercomm_store::{Key, Store};
+use hypercomm_store::{Key, Store, StoreError};
 
 use super::DEFAULT_SCRATCH;
+use super::mesh;
 use super::segment::Segment;
 use super::shm::ShmTransport;
 use super::tcp::TcpTransport;
@@ -28,10 +37,17 @@ fn key(name: &str, what: &str) -> Key {
     Key::new("comm").push(name).push(what)
 }
 
-fn store_err(comm: &str) -> impl FnOnce(hypercomm_store::StoreError) -> CommError + '_ {
+fn store_err(comm: &str) -> impl FnOnce(StoreError) -> CommError + '_ {
     move |source| CommError::Store {
         comm: comm.to_owned(),
         source,
+    }
+}
+
+fn protocol(comm: &str, what: String) -> CommError {
+    CommError::Protocol {
+        comm: comm.to_owned(),
+        what,
     }
 }
 
@@ -48,19 +64,71 @@ fn host_identity() -> String {
     }
 }
 
-/// Reads every rank's value under `comm/<name>/<what>/<rank>`, waiting up to `timeout`.
-fn gather_all(
-    store: &dyn Store,
-    name: &str,
-    what: &str,
-    n: usize,
-    timeout: Duration,
-) -> Result<Vec<Vec<u8>>, CommError> {
-    let keys: Vec<Key> = (0..n).map(|r| key(name, what).push(r)).collect();
-    store.wait(&keys, timeout).map_err(store_err(name))?;
-    keys.iter()
-        .map(|k| store.get(k, timeout).map_err(store_err(name)))
-        .collect()
+/// What rank 0 publishes.
+struct LeaderRecord {
+    identity: String,
+    segment: Option<PathBuf>,
+}
+
+impl LeaderRecord {
+    fn encode(&self) -> Vec<u8> {
+        let path = self
+            .segment
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        format!("{}\n{}\n{path}", self.identity, std::process::id()).into_bytes()
+    }
+
+    fn decode(comm: &str, bytes: &[u8]) -> Result<LeaderRecord, CommError> {
+        let text = String::from_utf8_lossy(bytes);
+        let mut lines = text.splitn(3, '\n');
+        match (lines.next(), lines.next(), lines.next()) {
+            (Some(identity), Some(pid), Some(path)) if pid.parse::<u32>().is_ok() => {
+                Ok(LeaderRecord {
+                    identity: identity.to_owned(),
+                    segment: (!path.is_empty()).then(|| PathBuf::from(path)),
+                })
+            }
+            _ => Err(protocol(
+                comm,
+                format!("rank 0's bootstrap record {text:?} is not \"identity\\npid\\npath\""),
+            )),
+        }
+    }
+}
+
+/// How the communicator's ranks will talk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decision {
+    Shm,
+    TcpLocal,
+    Tcp,
+}
+
+impl Decision {
+    fn name(self) -> &'static str {
+        match self {
+            Decision::Shm => "shm",
+            Decision::TcpLocal => "tcp-local",
+            Decision::Tcp => "tcp",
+        }
+    }
+
+    fn parse(comm: &str, bytes: &[u8]) -> Result<Decision, CommError> {
+        [Decision::Shm, Decision::TcpLocal, Decision::Tcp]
+            .into_iter()
+            .find(|d| d.name().as_bytes() == bytes)
+            .ok_or_else(|| {
+                protocol(
+                    comm,
+                    format!(
+                        "bootstrap decision {:?} is none of shm, tcp-local, tcp",
+                        String::from_utf8_lossy(bytes)
+                    ),
+                )
+            })
+    }
 }
 
 /// Connects rank `me` of `n`; returns the transport and its name.
@@ -72,73 +140,120 @@ pub(crate) fn connect(
 ) -> Result<(Box<dyn Transport>, &'static str), CommError> {
     let name = options.name.as_str();
     let timeout = options.timeout;
-    let record = format!("{}\n{}", host_identity(), std::process::id());
-    store
-        .set(&key(name, "host").push(me), record.as_bytes())
-        .map_err(store_err(name))?;
-    let records = gather_all(store, name, "host", n, timeout)?;
-    let mut hosts = Vec::with_capacity(n);
-    let mut pids = Vec::with_capacity(n);
-    for (r, rec) in records.iter().enumerate() {
-        let text = String::from_utf8_lossy(rec);
-        let (host, pid) = text.split_once('\n').ok_or_else(|| CommError::Protocol {
-            comm: name.to_owned(),
-            what: format!("rank {r}'s bootstrap record {text:?} is not \"host\\npid\""),
-        })?;
-        hosts.push(host.to_owned());
-        pids.push(pid.parse::<u32>().map_err(|_| CommError::Protocol {
-            comm: name.to_owned(),
-            what: format!("rank {r}'s bootstrap record has pid {pid:?}"),
-        })?);
-    }
-    let one_host = hosts.iter().all(|h| *h == hosts[0]);
     let scratch = options.scratch_bytes.unwrap_or(DEFAULT_SCRATCH);
-    if one_host && !options.force_tcp {
-        let shm = connect_shm(store, n, me, options, scratch, pids)?;
-        Ok((Box::new(shm), "shm"))
-    } else {
-        let tcp = TcpTransport::connect(store, &key(name, "tcp"), n, me, options, scratch)?;
-        Ok((Box::new(tcp), "tcp"))
-    }
-}
+    let identity = host_identity();
 
-fn connect_shm(
-    store: &dyn Store,
-    n: usize,
-    me: usize,
-    options: &CommOptions,
-    scratch: usize,
-    pids: Vec<u32>,
-) -> Result<ShmTransport, CommError> {
-    let name = options.name.as_str();
-    let timeout = options.timeout;
-    let seg = if me == 0 {
-        let seg = Segment::create(name, n, scratch, MAILBOX_BYTES.min(scratch))?;
-        let path = seg
-            .path()
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
+    // 1-2: the leader's record, and the segment for ranks on its host.
+    let (segment, local) = if me == 0 {
+        let segment = if options.force_tcp {
+            None
+        } else {
+            let seg = Segment::create(name, n, scratch, MAILBOX_BYTES.min(scratch))?;
+            seg.rank_ctl(0)
+                .pid
+                .store(std::process::id(), std::sync::atomic::Ordering::SeqCst);
+            Some(seg)
+        };
+        let record = LeaderRecord {
+            identity: identity.clone(),
+            segment: segment.as_ref().and_then(Segment::path).map(PathBuf::from),
+        };
         store
-            .set(&key(name, "shm"), path.as_bytes())
+            .set(&key(name, "leader"), &record.encode())
             .map_err(store_err(name))?;
-        seg
+        (segment, true)
     } else {
-        let path = store
-            .get(&key(name, "shm"), timeout)
+        let bytes = store
+            .get(&key(name, "leader"), timeout)
             .map_err(store_err(name))?;
-        let path = PathBuf::from(String::from_utf8_lossy(&path).into_owned());
-        Segment::open(name, &path, n)?
+        let record = LeaderRecord::decode(name, &bytes)?;
+        let local = record.identity == identity;
+        let segment = match (&record.segment, local) {
+            (Some(path), true) => {
+                let seg = Segment::open(name, path, n)?;
+                seg.rank_ctl(me)
+                    .pid
+                    .store(std::process::id(), std::sync::atomic::Ordering::SeqCst);
+                Some(seg)
+            }
+            _ => None,
+        };
+        (segment, local)
     };
-    let mut transport = ShmTransport::new(seg, name.to_owned(), me, timeout, pids);
-    store
-        .set(&key(name, "attached").push(me), b"1")
+
+    // 3: arrivals, and the decision by whoever completes them.
+    let weight = if local { 1 } else { n as i64 + 1 };
+    let sum = store
+        .add(&key(name, "arrivals"), weight)
         .map_err(store_err(name))?;
-    if me == 0 {
-        // Once every rank has mapped the segment, its name is no longer needed: remove it now so that no file is
-        // left behind however the processes end. On timeout the segment is dropped, which also unlinks it.
-        let keys: Vec<Key> = (0..n).map(|r| key(name, "attached").push(r)).collect();
-        store.wait(&keys, timeout).map_err(store_err(name))?;
-        transport.unlink();
+    let (remote, near) = (sum / (n as i64 + 1), sum % (n as i64 + 1));
+    if remote + near == n as i64 {
+        let decision = match (remote, options.force_tcp) {
+            (0, false) => Decision::Shm,
+            (0, true) => Decision::TcpLocal,
+            _ => Decision::Tcp,
+        };
+        store
+            .set(&key(name, "decision"), decision.name().as_bytes())
+            .map_err(store_err(name))?;
     }
-    Ok(transport)
+
+    // 4: everyone learns the decision.
+    let bytes = store
+        .get(&key(name, "decision"), timeout)
+        .map_err(store_err(name))?;
+    match Decision::parse(name, &bytes)? {
+        Decision::Shm => {
+            let mut seg = segment.ok_or_else(|| {
+                protocol(
+                    name,
+                    "the ranks chose shared memory, but this rank could not map the segment".into(),
+                )
+            })?;
+            let pids: Vec<u32> = (0..n)
+                .map(|r| {
+                    seg.rank_ctl(r)
+                        .pid
+                        .load(std::sync::atomic::Ordering::SeqCst)
+                })
+                .collect();
+            if let Some(r) = pids.iter().position(|&p| p == 0) {
+                return Err(protocol(
+                    name,
+                    format!("rank {r} never attached to the shared-memory segment"),
+                ));
+            }
+            // Every rank attached before adding to `arrivals`: the file name is no longer needed.
+            seg.unlink();
+            Ok((
+                Box::new(ShmTransport::new(seg, name.to_owned(), me, timeout, pids)),
+                "shm",
+            ))
+        }
+        decision => {
+            // Dropping the segment unmaps it (and, on the leader, removes its file).
+            drop(segment);
+            let own = mesh::listen(name, decision == Decision::TcpLocal, options.host_addr)?;
+            let leader = if me == 0 {
+                store
+                    .set(&key(name, "tcp"), own.advertised.to_string().as_bytes())
+                    .map_err(store_err(name))?;
+                None
+            } else {
+                let bytes = store
+                    .get(&key(name, "tcp"), timeout)
+                    .map_err(store_err(name))?;
+                let text = String::from_utf8_lossy(&bytes);
+                Some(text.parse().map_err(|_| {
+                    protocol(
+                        name,
+                        format!("rank 0 published {text:?}, not a socket address"),
+                    )
+                })?)
+            };
+            let peers = mesh::connect(name, n, me, own, leader, timeout)?;
+            let tcp = TcpTransport::from_streams(peers, me, options, scratch)?;
+            Ok((Box::new(tcp), "tcp"))
+        }
+    }
 }

@@ -8,6 +8,7 @@
 mod algorithms;
 mod bootstrap;
 mod header;
+mod mesh;
 mod segment;
 mod shm;
 mod tcp;

@@ -12,7 +12,8 @@
 //!
 //! Cleanup: the file lives in `/dev/shm`. The creator unlinks it as soon as every rank has attached (see
 //! `bootstrap`), so its name is gone while the communicator runs and the kernel frees the memory when the last
-//! mapping goes, however the processes end. The creator also unlinks on drop, covering failed bootstraps.
+//! mapping goes, however the processes end. The creator also unlinks on drop, covering failed bootstraps, and
+//! creating a segment first removes files whose creator process is gone (a creator killed mid-bootstrap).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -326,7 +327,32 @@ impl Drop for Segment {
     }
 }
 
+/// Removes segment files whose creating process is gone: a creator that died between creating its segment and
+/// the end of the bootstrap (when the name is normally removed) cannot clean up after itself. Files are named
+/// `hypercomm-<creator pid>-...`; a file whose pid belongs to a live process is left alone.
+fn sweep_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("hypercomm-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !super::shm::process_alive(pid) {
+            // Another rank may sweep the same file at the same moment; either removal is fine.
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 fn create_unique(comm: &str) -> Result<(File, PathBuf), CommError> {
+    sweep_stale(Path::new("/dev/shm"));
     let pid = std::process::id();
     let mut last = None;
     for attempt in 0..16u32 {
@@ -360,4 +386,31 @@ fn create_unique(comm: &str) -> Result<(File, PathBuf), CommError> {
         what: "creating a uniquely named shared-memory file after 16 attempts".to_owned(),
         source: last.unwrap_or_else(|| std::io::Error::other("name collisions")),
     })
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    use super::*;
+
+    #[test]
+    fn sweep_removes_only_files_of_dead_creators() {
+        let dir = std::env::temp_dir().join(format!("hypercomm-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A child that has exited and been reaped: its pid is dead (unless reused in the meantime, which would only
+        // make the sweep keep the file; the assertion below allows for that by re-checking liveness).
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let stale = dir.join(format!("hypercomm-{dead}-1-2"));
+        let mine = dir.join(format!("hypercomm-{}-1-2", std::process::id()));
+        let other = dir.join("unrelated-file");
+        for f in [&stale, &mine, &other] {
+            std::fs::write(f, b"x").unwrap();
+        }
+        sweep_stale(&dir);
+        assert_eq!(stale.exists(), super::super::shm::process_alive(dead));
+        assert!(mine.exists());
+        assert!(other.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -53,11 +53,6 @@ impl ShmTransport {
         }
     }
 
-    /// Removes the segment's file name (rank 0, once every rank attached).
-    pub(crate) fn unlink(&mut self) {
-        self.seg.unlink();
-    }
-
     fn ring(&self) {
         let h = self.seg.header();
         h.doorbell.fetch_add(1, SeqCst);
@@ -200,12 +195,15 @@ impl ShmTransport {
 }
 
 /// Whether a process exists and is not a zombie.
-fn process_alive(pid: u32) -> bool {
+pub(crate) fn process_alive(pid: u32) -> bool {
     let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
         return true;
     };
-    if rustix::process::test_kill_process(p).is_err() {
-        return false;
+    match rustix::process::test_kill_process(p) {
+        Ok(()) => {}
+        // The process exists but belongs to someone else.
+        Err(rustix::io::Errno::PERM) => return true,
+        Err(_) => return false,
     }
     // A killed child that its parent has not reaped yet still answers kill(0); its state in /proc says 'Z'.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

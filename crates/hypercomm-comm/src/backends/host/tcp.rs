@@ -1,4 +1,4 @@
-//! The TCP transport: a full mesh of loopback connections, one per pair of ranks.
+//! The TCP transport: a full mesh of connections, one per pair of ranks (built by [`mesh`](super::mesh)).
 //!
 //! A frame is one kind byte, a 64-byte prefix (the operation [`Header`] plus the payload length) and the payload.
 //! In a round each rank sends every peer only the ranges that peer wants (from a scoped sender thread, so that two
@@ -8,11 +8,9 @@
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::ops::Range;
-use std::time::{Duration, Instant};
-
-use hypercomm_store::{Key, Store};
+use std::time::Duration;
 
 use super::header::{HEADER_BYTES, Header, disagreement};
 use super::segment::PREFIX;
@@ -23,7 +21,6 @@ use crate::options::CommOptions;
 const KIND_ROUND: u8 = 0;
 const KIND_P2P: u8 = 1;
 const KIND_ABORT: u8 = 2;
-const HELLO_MAGIC: u64 = 0x6863_7463_7068_656c;
 
 /// A received frame; the payload sits in `u64` words so that it is aligned for every element type.
 struct Frame {
@@ -60,107 +57,22 @@ pub(crate) struct TcpTransport {
 }
 
 impl TcpTransport {
-    /// Listens, publishes the address under `prefix/<rank>`, connects to lower ranks and accepts higher ones.
-    pub(crate) fn connect(
-        store: &dyn Store,
-        prefix: &Key,
-        n: usize,
+    /// Wraps the mesh of connections [`mesh::connect`](super::mesh::connect) built (one per peer, `None` for
+    /// this rank) and configures them.
+    pub(crate) fn from_streams(
+        peers: Vec<Option<TcpStream>>,
         me: usize,
         options: &CommOptions,
         cap: usize,
     ) -> Result<Self, CommError> {
         let comm = options.name.clone();
         let timeout = options.timeout;
+        let n = peers.len();
         let io = |what: &str| {
             let comm = comm.clone();
             let what = what.to_owned();
             move |source| CommError::Io { comm, what, source }
         };
-        let listener =
-            TcpListener::bind(("127.0.0.1", 0)).map_err(io("binding a loopback listener"))?;
-        let addr = listener
-            .local_addr()
-            .map_err(io("reading the listener address"))?;
-        store
-            .set(&prefix.clone().push(me), addr.to_string().as_bytes())
-            .map_err(|source| CommError::Store {
-                comm: comm.clone(),
-                source,
-            })?;
-        let mut peers: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
-        let deadline = Instant::now() + timeout;
-        for (peer, slot) in peers.iter_mut().enumerate().take(me) {
-            let raw = store
-                .get(&prefix.clone().push(peer), timeout)
-                .map_err(|source| CommError::Store {
-                    comm: comm.clone(),
-                    source,
-                })?;
-            let text = String::from_utf8_lossy(&raw).into_owned();
-            let peer_addr: SocketAddr = text.parse().map_err(|_| CommError::Protocol {
-                comm: comm.clone(),
-                what: format!("rank {peer} published {text:?}, not a socket address"),
-            })?;
-            let mut stream = TcpStream::connect_timeout(&peer_addr, timeout)
-                .map_err(io(&format!("connecting to rank {peer} at {peer_addr}")))?;
-            let mut hello = [0u8; 16];
-            hello[..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-            hello[8..].copy_from_slice(&(me as u64).to_le_bytes());
-            stream
-                .write_all(&hello)
-                .map_err(io(&format!("greeting rank {peer}")))?;
-            *slot = Some(stream);
-        }
-        listener
-            .set_nonblocking(true)
-            .map_err(io("configuring the listener"))?;
-        let mut accepted = 0;
-        while accepted < n - 1 - me {
-            match listener.accept() {
-                Ok((mut stream, _)) => {
-                    stream
-                        .set_nonblocking(false)
-                        .map_err(io("configuring a connection"))?;
-                    stream
-                        .set_read_timeout(Some(
-                            deadline
-                                .saturating_duration_since(Instant::now())
-                                .max(Duration::from_millis(1)),
-                        ))
-                        .map_err(io("configuring a connection"))?;
-                    let mut hello = [0u8; 16];
-                    stream
-                        .read_exact(&mut hello)
-                        .map_err(io("reading a peer's greeting"))?;
-                    let magic = u64::from_le_bytes(hello[..8].try_into().unwrap_or_default());
-                    let peer =
-                        u64::from_le_bytes(hello[8..].try_into().unwrap_or_default()) as usize;
-                    if magic != HELLO_MAGIC || peer <= me || peer >= n || peers[peer].is_some() {
-                        return Err(CommError::Protocol {
-                            comm: comm.clone(),
-                            what: format!(
-                                "unexpected greeting from a connection claiming rank {peer}"
-                            ),
-                        });
-                    }
-                    peers[peer] = Some(stream);
-                    accepted += 1;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        let missing = (me + 1..n).filter(|&r| peers[r].is_none()).collect();
-                        return Err(CommError::Timeout {
-                            comm,
-                            missing,
-                            after: timeout,
-                            during: "tcp bootstrap".into(),
-                        });
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(e) => return Err(io("accepting a peer")(e)),
-            }
-        }
         for s in peers.iter().flatten() {
             s.set_nodelay(true)
                 .map_err(io("configuring a connection"))?;

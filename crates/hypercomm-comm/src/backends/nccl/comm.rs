@@ -1,0 +1,207 @@
+//! [`NcclComm`]: owns one NCCL communicator, serialises calls on it, polls it, and aborts it on timeout.
+//!
+//! Invariant: `handle` is `Some(live communicator)` until [`NcclComm::abort`] or drop takes it; once `broken` is
+//! set it stays set, and every later call fails with [`CommError::Broken`]. A timeout while polling aborts the
+//! communicator, which makes every pending work handle fail (they check `broken` before anything else).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nccl_sys::{Nccl, NcclError};
+
+use super::raw::{self, CommHandle, Progress};
+use crate::CommError;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Critical sections only read or replace a value; a poisoned lock still holds a consistent one.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One NCCL communicator and what is known about its health.
+pub(crate) struct NcclComm {
+    pub(crate) runtime: Arc<super::DeviceRuntime>,
+    handle: Mutex<Option<CommHandle>>,
+    broken: Mutex<Option<String>>,
+    pub(crate) name: String,
+    pub(crate) timeout: Duration,
+    pub(crate) non_blocking: bool,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclComm")
+            .field("name", &self.name)
+            .field("broken", &*lock(&self.broken))
+            .finish_non_exhaustive()
+    }
+}
+
+impl NcclComm {
+    /// Takes ownership of `handle` and waits until NCCL has finished creating it (`first` is the creating call's
+    /// answer).
+    pub(crate) fn adopt(
+        runtime: Arc<super::DeviceRuntime>,
+        handle: CommHandle,
+        first: Progress,
+        name: String,
+        timeout: Duration,
+        non_blocking: bool,
+    ) -> Result<NcclComm, CommError> {
+        let comm = NcclComm {
+            runtime,
+            handle: Mutex::new(Some(handle)),
+            broken: Mutex::new(None),
+            name,
+            timeout,
+            non_blocking,
+        };
+        if first == Progress::Pending {
+            comm.wait_ready("creating the communicator")?;
+        }
+        Ok(comm)
+    }
+
+    fn nccl(&self) -> &Nccl {
+        self.runtime.nccl()
+    }
+
+    /// The error for a failed NCCL call during `what`.
+    pub(crate) fn error(&self, what: &str, e: NcclError) -> CommError {
+        CommError::Device {
+            comm: self.name.clone(),
+            what: format!("{what}: {e}"),
+        }
+    }
+
+    /// The first fatal error, if any.
+    pub(crate) fn broken(&self) -> Option<String> {
+        lock(&self.broken).clone()
+    }
+
+    fn fail_if_broken(&self) -> Result<(), CommError> {
+        match self.broken() {
+            Some(cause) => Err(CommError::Broken {
+                comm: self.name.clone(),
+                cause,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` with the live handle, calls on this communicator serialised. Fails if broken or aborted.
+    pub(crate) fn with_handle<R>(
+        &self,
+        f: impl FnOnce(CommHandle) -> Result<R, CommError>,
+    ) -> Result<R, CommError> {
+        self.fail_if_broken()?;
+        let guard = lock(&self.handle);
+        let handle = guard.ok_or_else(|| CommError::Broken {
+            comm: self.name.clone(),
+            cause: "the communicator was aborted".into(),
+        })?;
+        let result = f(handle);
+        drop(guard);
+        if let Err(e) = &result
+            && e.is_fatal()
+        {
+            self.mark_broken(e.to_string());
+        }
+        result
+    }
+
+    /// Polls `ncclCommGetAsyncError`: `Ok(true)` when idle and healthy, `Ok(false)` while still in progress.
+    /// An asynchronous error breaks the communicator.
+    pub(crate) fn poll(&self, during: &str) -> Result<bool, CommError> {
+        self.with_handle(|h| match raw::async_error(self.nccl(), h) {
+            Ok(Progress::Done) => Ok(true),
+            Ok(Progress::Pending) => Ok(false),
+            Err(e) => Err(self.error(during, e)),
+        })
+    }
+
+    /// Waits until the communicator is no longer in progress, up to the timeout; on timeout aborts it.
+    pub(crate) fn wait_ready(&self, during: &str) -> Result<(), CommError> {
+        if !self.non_blocking {
+            // A blocking communicator finished its call before returning; one poll reports its errors.
+            return self.poll(during).map(|_| ());
+        }
+        let deadline = Instant::now() + self.timeout;
+        // Bounded by the deadline; each round sleeps a little longer, up to 1 ms.
+        let mut pause = Duration::from_micros(1);
+        loop {
+            if self.poll(during)? {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(self.time_out(during));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// Aborts after a timeout in `during` and returns the error every waiter sees.
+    pub(crate) fn time_out(&self, during: &str) -> CommError {
+        let error = CommError::Timeout {
+            comm: self.name.clone(),
+            missing: Vec::new(),
+            after: self.timeout,
+            during: format!("{during}; the nccl communicator was aborted"),
+        };
+        self.mark_broken(error.to_string());
+        self.abort();
+        error
+    }
+
+    pub(crate) fn mark_broken(&self, cause: String) {
+        lock(&self.broken).get_or_insert(cause);
+    }
+
+    /// Aborts the communicator (`ncclCommAbort`): its work stops, every later call and pending work fails.
+    pub(crate) fn abort(&self) {
+        self.mark_broken("aborted by this rank".into());
+        if let Some(h) = lock(&self.handle).take()
+            && let Err(e) = raw::abort(self.nccl(), h)
+        {
+            tracing::warn!(comm = %self.name, error = %e, "ncclCommAbort failed");
+        }
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        let Some(h) = lock(&self.handle).take() else {
+            return;
+        };
+        let nccl = self.runtime.nccl();
+        if self.broken().is_some() {
+            let _ = raw::abort(nccl, h);
+            return;
+        }
+        // Finalize, wait (bounded) for outstanding work, then destroy; abort if that does not settle.
+        let settled = match raw::finalize(nccl, h) {
+            Ok(Progress::Done) => true,
+            Ok(Progress::Pending) => {
+                let deadline = Instant::now() + self.timeout;
+                loop {
+                    match raw::async_error(nccl, h) {
+                        Ok(Progress::Done) => break true,
+                        Ok(Progress::Pending) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_micros(100))
+                        }
+                        _ => break false,
+                    }
+                }
+            }
+            Err(_) => false,
+        };
+        let result = if settled {
+            raw::destroy(nccl, h)
+        } else {
+            raw::abort(nccl, h)
+        };
+        if let Err(e) = result {
+            tracing::warn!(comm = %self.name, error = %e, "releasing the nccl communicator failed");
+        }
+    }
+}

@@ -1,0 +1,898 @@
+//! [`DeviceCommunicator`]: collectives on device memory through NCCL, and [`DeviceWork`], their handles.
+//!
+//! Buffers move into an operation and come back from its handle, as on the host face. The handle holds a CUDA
+//! event (from the [`Gpu`]'s pool) recorded on the communicator's stream after the operation:
+//! [`DeviceWork::wait`] makes another stream wait on it without blocking the CPU; [`DeviceWork::synchronize`]
+//! blocks the CPU until it completes, polling NCCL for asynchronous errors, and aborts the communicator when the
+//! timeout passes (every other pending handle then fails too).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use hypercomm_store::Store;
+
+use super::comm::NcclComm;
+use super::config::{NcclSettings, StreamPriority, translate};
+use super::gpu::{DeviceBuffer, Gpu, cuda_err};
+use super::raw::{self, Call, Progress};
+use super::unique_id::exchange_unique_id;
+use crate::CommError;
+use crate::device::StridedLayout;
+use crate::element::{Element, ReduceOp};
+use crate::options::CommOptions;
+
+/// A communicator whose collectives run on one GPU through NCCL.
+pub struct DeviceCommunicator {
+    gpu: Arc<Gpu>,
+    comm: Arc<NcclComm>,
+    stream: Arc<CudaStream>,
+    options: CommOptions,
+    ranks: Vec<usize>,
+    rank: usize,
+}
+
+impl std::fmt::Debug for DeviceCommunicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceCommunicator")
+            .field("name", &self.options.name)
+            .field("rank", &self.rank)
+            .field("ranks", &self.ranks)
+            .field("device", &self.gpu.ordinal())
+            .finish()
+    }
+}
+
+/// The pending result of a device operation: the buffers it took, once the operation is ordered or done.
+#[must_use = "an operation's buffers come back only through wait() or synchronize()"]
+pub struct DeviceWork<R> {
+    value: Option<R>,
+    event: Option<CudaEvent>,
+    comm: Arc<NcclComm>,
+    gpu: Arc<Gpu>,
+    /// Staging buffers that must outlive the operation.
+    _keep: Vec<DeviceBuffer<u8>>,
+}
+
+impl<R> DeviceWork<R> {
+    /// Makes `stream` wait for the operation (no CPU block) and gives the buffers back. Work enqueued on
+    /// `stream` afterwards sees the result.
+    pub fn wait(mut self, stream: &CudaStream) -> Result<R, CommError> {
+        self.fail_if_broken()?;
+        if let Some(event) = &self.event {
+            stream.wait(event).map_err(cuda_err(
+                &self.comm.name,
+                "making a stream wait on an event",
+            ))?;
+        }
+        self.take()
+    }
+
+    /// Blocks the CPU until the operation completes (or the communicator's timeout passes, which aborts it) and
+    /// gives the buffers back.
+    pub fn synchronize(mut self) -> Result<R, CommError> {
+        let deadline = Instant::now() + self.comm.timeout;
+        let mut pause = Duration::from_micros(1);
+        // Bounded by the deadline.
+        loop {
+            self.fail_if_broken()?;
+            let done = match &self.event {
+                Some(e) => e
+                    .try_is_complete()
+                    .map_err(cuda_err(&self.comm.name, "querying an event"))?,
+                None => true,
+            };
+            if done {
+                // An operation that completed may still have raised an asynchronous error.
+                self.comm.poll("checking a completed operation")?;
+                return self.take();
+            }
+            self.comm.poll("waiting for an operation")?;
+            if Instant::now() >= deadline {
+                return Err(self.comm.time_out("waiting for an operation"));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_micros(200));
+        }
+    }
+
+    /// Whether the operation has finished on the device. Never blocks.
+    pub fn is_completed(&self) -> bool {
+        self.event.as_ref().is_none_or(|e| e.is_complete())
+    }
+
+    fn fail_if_broken(&self) -> Result<(), CommError> {
+        match self.comm.broken() {
+            Some(cause) => Err(CommError::Broken {
+                comm: self.comm.name.clone(),
+                cause,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn take(&mut self) -> Result<R, CommError> {
+        self.value.take().ok_or_else(|| CommError::Broken {
+            comm: self.comm.name.clone(),
+            cause: "the operation's buffers were already taken".into(),
+        })
+    }
+}
+
+impl<R> Drop for DeviceWork<R> {
+    fn drop(&mut self) {
+        if let Some(e) = self.event.take() {
+            self.gpu.return_event(e);
+        }
+    }
+}
+
+/// What an out-of-place device operation gives back: `(input, output)`.
+pub type DeviceInOut<T> = (DeviceBuffer<T>, DeviceBuffer<T>);
+
+impl DeviceCommunicator {
+    /// Joins communicator `options.name` over `ranks` as member `me`, on `gpu`. Rank 0 makes the NCCL unique id
+    /// and publishes it in `store`; the others read it. Collective; bounded by `options.timeout`.
+    pub fn new(
+        gpu: Arc<Gpu>,
+        store: Arc<dyn Store>,
+        ranks: Vec<usize>,
+        me: usize,
+        options: CommOptions,
+    ) -> Result<DeviceCommunicator, CommError> {
+        let nccl = gpu.runtime().nccl();
+        let settings = translate(&options, nccl.version())?;
+        let rank = member_position(&options.name, &ranks, me)?;
+        let id = exchange_unique_id(store.as_ref(), &options.name, rank, options.timeout, || {
+            raw::unique_id(nccl).map_err(|e| nccl_err(&options.name, "ncclGetUniqueId", e))
+        })?;
+        gpu.context()
+            .bind_to_thread()
+            .map_err(cuda_err(&options.name, "binding the context"))?;
+        let (handle, first) = raw::init_rank(nccl, ranks.len(), &id, rank, &settings)
+            .map_err(|e| nccl_err(&options.name, "creating the communicator", e))?;
+        let comm = NcclComm::adopt(
+            Arc::clone(gpu.runtime()),
+            handle,
+            first,
+            options.name.clone(),
+            options.timeout,
+            settings.non_blocking(),
+        )?;
+        Self::assemble(gpu, comm, settings, options, ranks, rank)
+    }
+
+    fn assemble(
+        gpu: Arc<Gpu>,
+        comm: NcclComm,
+        settings: NcclSettings,
+        options: CommOptions,
+        ranks: Vec<usize>,
+        rank: usize,
+    ) -> Result<DeviceCommunicator, CommError> {
+        let stream = gpu.stream(settings.stream_priority == StreamPriority::Highest)?;
+        Ok(DeviceCommunicator {
+            gpu,
+            comm: Arc::new(comm),
+            stream,
+            options,
+            ranks,
+            rank,
+        })
+    }
+
+    /// This rank's rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The member list.
+    pub fn ranks(&self) -> &[usize] {
+        &self.ranks
+    }
+
+    /// The communicator's name.
+    pub fn name(&self) -> &str {
+        &self.options.name
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// The stream every operation of this communicator runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The options it was created with.
+    pub fn options(&self) -> &CommOptions {
+        &self.options
+    }
+
+    /// The first fatal error, if the communicator is broken.
+    pub fn broken(&self) -> Option<String> {
+        self.comm.broken()
+    }
+
+    /// Polls NCCL for an asynchronous error (a failed peer, a network error); such an error breaks the
+    /// communicator.
+    pub fn check(&self) -> Result<(), CommError> {
+        self.comm.poll("checking the communicator").map(|_| ())
+    }
+
+    /// Aborts: NCCL's work on this communicator stops, and every pending and later operation fails.
+    pub fn abort(&self) {
+        self.comm.abort();
+    }
+
+    /// Splits with `ncclCommSplit`, NCCL's semantics: equal `color`s form a child ordered by `key`, then rank;
+    /// `None` joins nothing. Collective over this communicator. The child's name is
+    /// `<parent>/split/color<c>`; use [`split_with`](Self::split_with) for other options.
+    pub fn split(
+        &self,
+        color: Option<u32>,
+        key: i64,
+    ) -> Result<Option<DeviceCommunicator>, CommError> {
+        let name = format!(
+            "{}/split/color{}",
+            self.options.name,
+            color.map_or("none".to_owned(), |c| c.to_string())
+        );
+        self.split_with(
+            color,
+            key,
+            CommOptions {
+                name,
+                ..self.options.clone()
+            },
+        )
+    }
+
+    /// [`split`](Self::split) with the child's options (its `ncclConfig_t`).
+    pub fn split_with(
+        &self,
+        color: Option<u32>,
+        key: i64,
+        options: CommOptions,
+    ) -> Result<Option<DeviceCommunicator>, CommError> {
+        if let Some(c) = color
+            && i32::try_from(c).is_err()
+        {
+            return Err(self.invalid(format!("color {c} does not fit nccl's int colors")));
+        }
+        let nccl = self.gpu.runtime().nccl();
+        let settings = translate(&options, nccl.version())?;
+        let (handle, first) = self.comm.with_handle(|parent| {
+            raw::split(nccl, parent, color, key, &settings)
+                .map_err(|e| self.comm.error("ncclCommSplit", e))
+        })?;
+        // The parent must settle too: a non-blocking split is in progress on both.
+        if first == Progress::Pending {
+            self.comm.wait_ready("splitting")?;
+        }
+        if color.is_none() || handle.0.is_null() {
+            return Ok(None);
+        }
+        let child = NcclComm::adopt(
+            Arc::clone(self.gpu.runtime()),
+            handle,
+            first,
+            options.name.clone(),
+            options.timeout,
+            settings.non_blocking(),
+        )?;
+        let count = nccl_count(&child, nccl)?;
+        let rank = nccl_rank(&child, nccl)?;
+        Self::assemble(
+            Arc::clone(&self.gpu),
+            child,
+            settings,
+            options,
+            (0..count).collect(),
+            rank,
+        )
+        .map(Some)
+    }
+
+    /// A communicator without the ranks in `exclude` (positions in this communicator), with `ncclCommShrink`
+    /// (NCCL 2.27 or newer; older is [`CommError::Unavailable`]). With `abort_first`, in-flight work is aborted
+    /// first, for shrinking after a failure. Collective over the remaining ranks.
+    pub fn shrink(
+        &self,
+        exclude: &[usize],
+        abort_first: bool,
+    ) -> Result<DeviceCommunicator, CommError> {
+        let nccl = self.gpu.runtime().nccl();
+        nccl.require(nccl_sys::Function::CommShrink)
+            .map_err(|e| CommError::Unavailable {
+                what: "ncclCommShrink".into(),
+                why: e.to_string(),
+            })?;
+        if let Some(&bad) = exclude.iter().find(|&&r| r >= self.size()) {
+            return Err(self.invalid(format!(
+                "rank {bad} to exclude is not a rank of a {}-rank communicator",
+                self.size()
+            )));
+        }
+        let options = CommOptions {
+            name: format!("{}/shrink", self.options.name),
+            ..self.options.clone()
+        };
+        let settings = translate(&options, nccl.version())?;
+        let (handle, first) = self.comm.with_handle(|parent| {
+            raw::shrink(nccl, parent, exclude, &settings, abort_first)
+                .map_err(|e| self.comm.error("ncclCommShrink", e))
+        })?;
+        let child = NcclComm::adopt(
+            Arc::clone(self.gpu.runtime()),
+            handle,
+            first,
+            options.name.clone(),
+            options.timeout,
+            settings.non_blocking(),
+        )?;
+        let ranks: Vec<usize> = (0..self.size())
+            .filter(|r| !exclude.contains(r))
+            .map(|r| self.ranks[r])
+            .collect();
+        let rank = nccl_rank(&child, nccl)?;
+        Self::assemble(Arc::clone(&self.gpu), child, settings, options, ranks, rank)
+    }
+
+    fn invalid(&self, what: String) -> CommError {
+        CommError::InvalidArgument {
+            comm: self.options.name.clone(),
+            what,
+        }
+    }
+
+    fn check_device<T: Element>(&self, what: &str, b: &DeviceBuffer<T>) -> Result<(), CommError> {
+        if b.device() != self.gpu.ordinal() {
+            return Err(self.invalid(format!(
+                "{what} is on device {} but the communicator is on device {}",
+                b.device(),
+                self.gpu.ordinal()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_root(&self, root: usize) -> Result<(), CommError> {
+        if root >= self.size() {
+            return Err(self.invalid(format!(
+                "root {root} is not a rank of a {}-rank communicator",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_len(&self, what: &str, got: usize, expected: usize) -> Result<(), CommError> {
+        if got != expected {
+            return Err(self.invalid(format!("{what} has {got} elements, expected {expected}")));
+        }
+        Ok(())
+    }
+
+    /// Enqueues `calls` (grouped when more than one), records an event, and wraps `value`.
+    fn issue<R>(
+        &self,
+        calls: &[Call],
+        value: R,
+        keep: Vec<DeviceBuffer<u8>>,
+    ) -> Result<DeviceWork<R>, CommError> {
+        let nccl = self.gpu.runtime().nccl();
+        let stream = self.stream.cu_stream() as nccl_sys::sys::cudaStream_t;
+        let pending = self.comm.with_handle(|h| {
+            let err = |e| self.comm.error("enqueueing", e);
+            let grouped = calls.len() > 1;
+            if grouped {
+                raw::group_start(nccl).map_err(err)?;
+            }
+            let mut pending = false;
+            for &call in calls {
+                // SAFETY: `h` is live and serialised by `with_handle`; `stream` belongs to this communicator's
+                // device; every address in `calls` comes from a buffer on this device that the caller checked
+                // is large enough and that `value`/`keep` hold until the work completes.
+                let p = unsafe { raw::enqueue(nccl, h, call, stream) }.map_err(err)?;
+                pending |= p == Progress::Pending;
+            }
+            if grouped {
+                pending |= raw::group_end(nccl).map_err(err)? == Progress::Pending;
+            }
+            Ok(pending)
+        })?;
+        if pending {
+            self.comm.wait_ready("enqueueing")?;
+        }
+        let event = self.gpu.take_event()?;
+        event
+            .record(&self.stream)
+            .map_err(cuda_err(&self.options.name, "recording an event"))?;
+        Ok(DeviceWork {
+            value: Some(value),
+            event: Some(event),
+            comm: Arc::clone(&self.comm),
+            gpu: Arc::clone(&self.gpu),
+            _keep: keep,
+        })
+    }
+
+    /// The device address of `b` for use on this communicator's stream. Call sites hold the returned guard
+    /// until the call using the address is enqueued, so cudarc orders the stream after earlier writes and
+    /// records this use.
+    fn addr<'a, T: Element>(
+        &'a self,
+        b: &'a DeviceBuffer<T>,
+    ) -> (u64, cudarc::driver::SyncOnDrop<'a>) {
+        b.slice.device_ptr(&self.stream)
+    }
+
+    /// All-reduce in place.
+    pub fn all_reduce<T: Element>(
+        &self,
+        buf: DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
+        self.check_device("buffer", &buf)?;
+        let call = {
+            let (p, _g) = self.addr(&buf);
+            Call::AllReduce {
+                send: p,
+                recv: p,
+                count: buf.len(),
+                dtype: T::DTYPE,
+                op,
+            }
+        };
+        self.issue(&[call], buf, Vec::new())
+    }
+
+    /// All-reduce out of place; returns `(input, output)`.
+    pub fn all_reduce_into<T: Element>(
+        &self,
+        input: DeviceBuffer<T>,
+        output: DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
+        self.check_device("input", &input)?;
+        self.check_device("output", &output)?;
+        self.check_len("all_reduce output", output.len(), input.len())?;
+        let call = {
+            let (s, _gs) = self.addr(&input);
+            let (r, _gr) = self.addr(&output);
+            Call::AllReduce {
+                send: s,
+                recv: r,
+                count: input.len(),
+                dtype: T::DTYPE,
+                op,
+            }
+        };
+        self.issue(&[call], (input, output), Vec::new())
+    }
+
+    /// Broadcast in place from `root`.
+    pub fn broadcast<T: Element>(
+        &self,
+        buf: DeviceBuffer<T>,
+        root: usize,
+    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
+        self.check_device("buffer", &buf)?;
+        self.check_root(root)?;
+        let call = {
+            let (p, _g) = self.addr(&buf);
+            Call::Broadcast {
+                send: p,
+                recv: p,
+                count: buf.len(),
+                dtype: T::DTYPE,
+                root,
+            }
+        };
+        self.issue(&[call], buf, Vec::new())
+    }
+
+    /// Reduce in place to `root` (other ranks' buffers are left unchanged).
+    pub fn reduce<T: Element>(
+        &self,
+        buf: DeviceBuffer<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
+        self.check_device("buffer", &buf)?;
+        self.check_root(root)?;
+        let call = {
+            let (p, _g) = self.addr(&buf);
+            Call::Reduce {
+                send: p,
+                recv: p,
+                count: buf.len(),
+                dtype: T::DTYPE,
+                op,
+                root,
+            }
+        };
+        self.issue(&[call], buf, Vec::new())
+    }
+
+    /// All-gather: `output` (`size() * input.len()`) receives every rank's `input` in rank order.
+    pub fn all_gather_into<T: Element>(
+        &self,
+        input: DeviceBuffer<T>,
+        output: DeviceBuffer<T>,
+    ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
+        self.check_device("input", &input)?;
+        self.check_device("output", &output)?;
+        self.check_len("all_gather output", output.len(), input.len() * self.size())?;
+        let call = {
+            let (s, _gs) = self.addr(&input);
+            let (r, _gr) = self.addr(&output);
+            Call::AllGather {
+                send: s,
+                recv: r,
+                count: input.len(),
+                dtype: T::DTYPE,
+            }
+        };
+        self.issue(&[call], (input, output), Vec::new())
+    }
+
+    /// Reduce-scatter: `input` holds `size()` blocks of `output.len()`; `output` receives the reduction of every
+    /// rank's block `rank()`.
+    pub fn reduce_scatter_into<T: Element>(
+        &self,
+        input: DeviceBuffer<T>,
+        output: DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
+        self.check_device("input", &input)?;
+        self.check_device("output", &output)?;
+        self.check_len(
+            "reduce_scatter input",
+            input.len(),
+            output.len() * self.size(),
+        )?;
+        let call = {
+            let (s, _gs) = self.addr(&input);
+            let (r, _gr) = self.addr(&output);
+            Call::ReduceScatter {
+                send: s,
+                recv: r,
+                count: output.len(),
+                dtype: T::DTYPE,
+                op,
+            }
+        };
+        self.issue(&[call], (input, output), Vec::new())
+    }
+
+    /// All-to-all with equal blocks, as one NCCL group of sends and receives (works on every NCCL with
+    /// send/recv, not only 2.28's `ncclAlltoAll`).
+    pub fn all_to_all_into<T: Element>(
+        &self,
+        input: DeviceBuffer<T>,
+        output: DeviceBuffer<T>,
+    ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
+        self.check_device("input", &input)?;
+        self.check_device("output", &output)?;
+        self.check_len("all_to_all output", output.len(), input.len())?;
+        let n = self.size();
+        if input.len() % n != 0 {
+            return Err(self.invalid(format!(
+                "all_to_all input has {} elements, not a multiple of {n} ranks",
+                input.len()
+            )));
+        }
+        let block = input.len() / n;
+        let bytes = (block * T::DTYPE.size()) as u64;
+        let calls: Vec<Call> = {
+            let (s, _gs) = self.addr(&input);
+            let (r, _gr) = self.addr(&output);
+            (0..n)
+                .flat_map(|peer| {
+                    let off = peer as u64 * bytes;
+                    [
+                        Call::Send {
+                            buf: s + off,
+                            count: block,
+                            dtype: T::DTYPE,
+                            peer,
+                        },
+                        Call::Recv {
+                            buf: r + off,
+                            count: block,
+                            dtype: T::DTYPE,
+                            peer,
+                        },
+                    ]
+                })
+                .collect()
+        };
+        self.issue(&calls, (input, output), Vec::new())
+    }
+
+    /// Sends `buf` to `peer`.
+    pub fn send<T: Element>(
+        &self,
+        buf: DeviceBuffer<T>,
+        peer: usize,
+    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
+        self.check_device("buffer", &buf)?;
+        self.check_root(peer)?;
+        let call = {
+            let (p, _g) = self.addr(&buf);
+            Call::Send {
+                buf: p,
+                count: buf.len(),
+                dtype: T::DTYPE,
+                peer,
+            }
+        };
+        self.issue(&[call], buf, Vec::new())
+    }
+
+    /// Receives into `buf` from `peer`.
+    pub fn recv<T: Element>(
+        &self,
+        buf: DeviceBuffer<T>,
+        peer: usize,
+    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
+        self.check_device("buffer", &buf)?;
+        self.check_root(peer)?;
+        let call = {
+            let (p, _g) = self.addr(&buf);
+            Call::Recv {
+                buf: p,
+                count: buf.len(),
+                dtype: T::DTYPE,
+                peer,
+            }
+        };
+        self.issue(&[call], buf, Vec::new())
+    }
+
+    /// All-reduce in place over the elements of `view` in `buf`. A contiguous view runs directly on its part of
+    /// the buffer; any other is packed into a staging buffer, reduced there, and unpacked back into the view, so
+    /// the result always lands in the caller's elements.
+    pub fn all_reduce_strided<T: Element>(
+        &self,
+        buf: DeviceBuffer<T>,
+        view: StridedLayout,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
+        self.check_device("buffer", &buf)?;
+        view.check_fits(buf.len())
+            .map_err(|what| self.invalid(what))?;
+        let width = T::DTYPE.size();
+        if view.is_contiguous() {
+            let call = {
+                let (p, _g) = self.addr(&buf);
+                let at = p + (view.offset() * width) as u64;
+                Call::AllReduce {
+                    send: at,
+                    recv: at,
+                    count: view.len(),
+                    dtype: T::DTYPE,
+                    op,
+                }
+            };
+            return self.issue(&[call], buf, Vec::new());
+        }
+        let kernels = self.gpu.kernels()?;
+        let mut staging = self.gpu.alloc_zeros::<u8>(view.len() * width)?;
+        let (pack, unpack) = match (kernels.pack(width), kernels.unpack(width)) {
+            (Some(p), Some(u)) => (p, u),
+            _ => return Err(self.invalid(format!("no pack kernel for {width}-byte elements"))),
+        };
+        let dims = [
+            view.offset() as u64,
+            view.rows() as u64,
+            view.cols() as u64,
+            view.row_stride() as u64,
+        ];
+        let cfg = launch_config(view.len());
+        let mut buf = buf;
+        {
+            let mut launch = self.stream.launch_builder(pack);
+            launch.arg(&mut staging.slice).arg(&buf.slice);
+            for d in &dims {
+                launch.arg(d);
+            }
+            // SAFETY: hypercomm_pack_<width>(dst, src, offset, rows, cols, row_stride) reads view.end() <=
+            // buf.len() elements of `width` bytes from `buf` and writes view.len() to `staging`, sized for that.
+            unsafe { launch.launch(cfg) }
+                .map_err(cuda_err(&self.options.name, "launching pack"))?;
+        }
+        let call = {
+            let (p, _g) = self.addr(&staging);
+            Call::AllReduce {
+                send: p,
+                recv: p,
+                count: view.len(),
+                dtype: T::DTYPE,
+                op,
+            }
+        };
+        // Enqueue the reduction on the staging buffer, then unpack; the event recorded after unpacking is the
+        // handle's, so waiting on it sees the caller's view updated.
+        let nccl = self.gpu.runtime().nccl();
+        let stream = self.stream.cu_stream() as nccl_sys::sys::cudaStream_t;
+        let pending = self.comm.with_handle(|h| {
+            // SAFETY: as in `issue`: `h` is live and serialised, the staging buffer holds `view.len()` elements
+            // and lives in the returned handle until the work completes.
+            let p = unsafe { raw::enqueue(nccl, h, call, stream) }
+                .map_err(|e| self.comm.error("enqueueing", e))?;
+            Ok(p == Progress::Pending)
+        })?;
+        if pending {
+            self.comm.wait_ready("enqueueing")?;
+        }
+        {
+            let mut launch = self.stream.launch_builder(unpack);
+            launch.arg(&mut buf.slice).arg(&staging.slice);
+            for d in &dims {
+                launch.arg(d);
+            }
+            // SAFETY: hypercomm_unpack_<width> reads view.len() elements from `staging` and writes the view's
+            // elements of `buf`, all below view.end() <= buf.len() (checked above); rows do not overlap.
+            unsafe { launch.launch(cfg) }
+                .map_err(cuda_err(&self.options.name, "launching unpack"))?;
+        }
+        self.issue(&[], buf, vec![staging])
+    }
+
+    /// Fills `buf` with the pattern `a * (i % 61) + b` on this communicator's stream (NVRTC kernel).
+    pub fn fill_pattern<T: Element>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        a: i64,
+        b: i64,
+    ) -> Result<(), CommError> {
+        let kernels = self.gpu.kernels()?;
+        let f = kernels
+            .fill(T::DTYPE)
+            .ok_or_else(|| self.invalid(format!("no fill kernel for {}", T::DTYPE)))?;
+        let n = buf.len() as u64;
+        let cfg = launch_config(buf.len());
+        let mut launch = self.stream.launch_builder(f);
+        launch.arg(&mut buf.slice).arg(&n).arg(&a).arg(&b);
+        // SAFETY: hypercomm_fill_<dtype>(data, n, a, b) writes n elements of T; the buffer holds n.
+        unsafe { launch.launch(cfg) }.map_err(cuda_err(&self.options.name, "launching fill"))?;
+        Ok(())
+    }
+
+    /// Counts the elements of `buf` that differ from the pattern `a * (i % 61) + b`, and the first such index
+    /// (after the work enqueued on this communicator's stream; blocks the CPU).
+    pub fn verify_pattern<T: Element>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        a: i64,
+        b: i64,
+    ) -> Result<(u64, Option<u64>), CommError> {
+        let kernels = self.gpu.kernels()?;
+        let f = kernels
+            .verify(T::DTYPE)
+            .ok_or_else(|| self.invalid(format!("no verify kernel for {}", T::DTYPE)))?;
+        let counters = self.gpu.upload(&[0u64, u64::MAX])?;
+        let n = buf.len() as u64;
+        {
+            let mut launch = self.stream.launch_builder(f);
+            // The kernel takes two counter pointers; both point into one two-element buffer.
+            let (base, _g) = counters.slice.device_ptr(&self.stream);
+            let (mismatches, first_bad) = (base, base + 8);
+            launch
+                .arg(&buf.slice)
+                .arg(&n)
+                .arg(&a)
+                .arg(&b)
+                .arg(&mismatches)
+                .arg(&first_bad);
+            // SAFETY: hypercomm_verify_<dtype>(data, n, a, b, mismatches, first_bad) reads n elements of `buf`
+            // and updates two u64 counters at `base` and `base + 8`, which `counters` holds.
+            unsafe { launch.launch(launch_config(buf.len())) }
+                .map_err(cuda_err(&self.options.name, "launching verify"))?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(cuda_err(&self.options.name, "synchronizing verify"))?;
+        let host = counters.download()?;
+        Ok((host[0], (host[1] != u64::MAX).then_some(host[1])))
+    }
+}
+
+/// Grid for `n` elements: 256 threads per block, at most 1024 blocks (the kernels loop over the rest).
+fn launch_config(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 1024) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn nccl_err(comm: &str, what: &str, e: nccl_sys::NcclError) -> CommError {
+    CommError::Device {
+        comm: comm.to_owned(),
+        what: format!("{what}: {e}"),
+    }
+}
+
+/// This rank's position in `ranks`, refusing duplicates.
+pub(crate) fn member_position(name: &str, ranks: &[usize], me: usize) -> Result<usize, CommError> {
+    let invalid = |what: String| CommError::InvalidArgument {
+        comm: name.to_owned(),
+        what,
+    };
+    let rank = ranks
+        .iter()
+        .position(|&r| r == me)
+        .ok_or_else(|| invalid(format!("rank {me} is not in the member list {ranks:?}")))?;
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(invalid(format!(
+            "rank {} appears twice in the member list {ranks:?}",
+            w[0]
+        )));
+    }
+    Ok(rank)
+}
+
+fn nccl_count(comm: &NcclComm, nccl: &nccl_sys::Nccl) -> Result<usize, CommError> {
+    comm.with_handle(|h| {
+        let api = nccl
+            .api(nccl_sys::Function::CommCount)
+            .map_err(|e| comm.error("ncclCommCount", e))?;
+        let mut n = 0;
+        // SAFETY: `h` is live and serialised; NCCL writes one int into a live local.
+        let raw = unsafe { api.ncclCommCount(h.0, &mut n) };
+        // SAFETY: `h` is live.
+        unsafe { nccl.check(nccl_sys::Function::CommCount, raw, h.0) }
+            .map_err(|e| comm.error("ncclCommCount", e))?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    })
+}
+
+fn nccl_rank(comm: &NcclComm, nccl: &nccl_sys::Nccl) -> Result<usize, CommError> {
+    comm.with_handle(|h| {
+        let api = nccl
+            .api(nccl_sys::Function::CommUserRank)
+            .map_err(|e| comm.error("ncclCommUserRank", e))?;
+        let mut r = 0;
+        // SAFETY: `h` is live and serialised; NCCL writes one int into a live local.
+        let raw = unsafe { api.ncclCommUserRank(h.0, &mut r) };
+        // SAFETY: `h` is live.
+        unsafe { nccl.check(nccl_sys::Function::CommUserRank, raw, h.0) }
+            .map_err(|e| comm.error("ncclCommUserRank", e))?;
+        Ok(usize::try_from(r).unwrap_or(0))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_position_refuses_strangers_and_duplicates() {
+        assert_eq!(member_position("c", &[4, 7, 9], 7).unwrap(), 1);
+        let e = member_position("c", &[4, 7], 5).unwrap_err().to_string();
+        assert!(e.contains("rank 5 is not in the member list [4, 7]"), "{e}");
+        let e = member_position("c", &[4, 7, 4], 7).unwrap_err().to_string();
+        assert!(e.contains("rank 4 appears twice"), "{e}");
+    }
+
+    #[test]
+    fn launch_grid_covers_small_sizes_and_caps_large_ones() {
+        assert_eq!(launch_config(0).grid_dim.0, 1);
+        assert_eq!(launch_config(257).grid_dim.0, 2);
+        assert_eq!(launch_config(1 << 30).grid_dim.0, 1024);
+    }
+}

@@ -1,0 +1,334 @@
+//! [`Gpu`]: one device's context, its pool of CUDA events, its NVRTC kernels (compiled at first use), and
+//! [`DeviceBuffer`]s on it.
+//!
+//! Everything cached per device lives in the `Gpu` value, not in a global: two `Gpu`s of the same ordinal (say in
+//! two tests) each compile their own kernels, and dropping the `Gpu` drops its cache.
+
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream};
+
+use super::probe::{DeviceRuntime, nvrtc_present};
+use crate::CommError;
+use crate::element::{DType, Element, as_bytes, as_bytes_mut};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Critical sections push, pop or replace one value; a poisoned lock still holds a consistent one.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One CUDA device, opened after a successful [`DeviceRuntime::probe`].
+pub struct Gpu {
+    runtime: Arc<DeviceRuntime>,
+    ctx: Arc<CudaContext>,
+    ordinal: usize,
+    events: Mutex<Vec<CudaEvent>>,
+    kernels: Mutex<Option<Arc<Kernels>>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("ordinal", &self.ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A CUDA driver error as a [`CommError::Device`].
+pub(crate) fn cuda_err(
+    comm: &str,
+    what: &str,
+) -> impl FnOnce(cudarc::driver::DriverError) -> CommError {
+    let (comm, what) = (comm.to_owned(), what.to_owned());
+    move |e| CommError::Device {
+        comm,
+        what: format!("{what}: {e}"),
+    }
+}
+
+/// The compiled kernels of one device.
+pub(crate) struct Kernels {
+    /// `hypercomm_pack_{1,2,4,8}` by log2 of the width.
+    pack: [CudaFunction; 4],
+    unpack: [CudaFunction; 4],
+    fill: Vec<(DType, CudaFunction)>,
+    verify: Vec<(DType, CudaFunction)>,
+}
+
+fn width_index(width: usize) -> Option<usize> {
+    [1, 2, 4, 8].iter().position(|&w| w == width)
+}
+
+impl Kernels {
+    pub(crate) fn pack(&self, width: usize) -> Option<&CudaFunction> {
+        width_index(width).map(|i| &self.pack[i])
+    }
+    pub(crate) fn unpack(&self, width: usize) -> Option<&CudaFunction> {
+        width_index(width).map(|i| &self.unpack[i])
+    }
+    pub(crate) fn fill(&self, dtype: DType) -> Option<&CudaFunction> {
+        self.fill.iter().find(|(d, _)| *d == dtype).map(|(_, f)| f)
+    }
+    pub(crate) fn verify(&self, dtype: DType) -> Option<&CudaFunction> {
+        self.verify
+            .iter()
+            .find(|(d, _)| *d == dtype)
+            .map(|(_, f)| f)
+    }
+}
+
+impl Gpu {
+    /// Opens device `ordinal` (its primary context).
+    pub fn open(runtime: Arc<DeviceRuntime>, ordinal: usize) -> Result<Arc<Gpu>, CommError> {
+        if ordinal >= runtime.device_count() {
+            return Err(CommError::Unavailable {
+                what: format!("cuda device {ordinal}"),
+                why: format!("this process sees {} device(s)", runtime.device_count()),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err(
+            &format!("gpu{ordinal}"),
+            "creating the cuda context",
+        ))?;
+        Ok(Arc::new(Gpu {
+            runtime,
+            ctx,
+            ordinal,
+            events: Mutex::new(Vec::new()),
+            kernels: Mutex::new(None),
+        }))
+    }
+
+    /// The runtime this device was opened with.
+    pub fn runtime(&self) -> &Arc<DeviceRuntime> {
+        &self.runtime
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The cudarc context, for interoperating with other cudarc code.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    fn label(&self) -> String {
+        format!("gpu{}", self.ordinal)
+    }
+
+    /// A new non-blocking stream, at the context's greatest priority when `high_priority`.
+    pub(crate) fn stream(&self, high_priority: bool) -> Result<Arc<CudaStream>, CommError> {
+        let label = self.label();
+        if high_priority {
+            self.ctx
+                .bind_to_thread()
+                .map_err(cuda_err(&label, "binding the context"))?;
+            let (_, greatest) = cudarc::driver::result::stream::get_priority_range()
+                .map_err(cuda_err(&label, "reading the stream priority range"))?;
+            self.ctx
+                .new_stream_with_priority(greatest)
+                .map_err(cuda_err(&label, "creating a high-priority stream"))
+        } else {
+            self.ctx
+                .new_stream()
+                .map_err(cuda_err(&label, "creating a stream"))
+        }
+    }
+
+    /// An event from the pool (creating one costs several microseconds; reusing one costs nothing).
+    pub(crate) fn take_event(&self) -> Result<CudaEvent, CommError> {
+        if let Some(e) = lock(&self.events).pop() {
+            return Ok(e);
+        }
+        self.ctx
+            .new_event(None)
+            .map_err(cuda_err(&self.label(), "creating an event"))
+    }
+
+    /// Gives an event back to the pool.
+    pub(crate) fn return_event(&self, event: CudaEvent) {
+        lock(&self.events).push(event);
+    }
+
+    /// Events waiting in the pool (for tests).
+    pub fn pooled_events(&self) -> usize {
+        lock(&self.events).len()
+    }
+
+    /// The kernels, compiled with NVRTC on first use and kept for this `Gpu`'s lifetime.
+    pub(crate) fn kernels(&self) -> Result<Arc<Kernels>, CommError> {
+        let mut slot = lock(&self.kernels);
+        if let Some(k) = slot.as_ref() {
+            return Ok(Arc::clone(k));
+        }
+        if !nvrtc_present() {
+            return Err(CommError::Unavailable {
+                what: "nvrtc".into(),
+                why: "libnvrtc could not be opened; strided views and fill/verify need it (put the folder of \
+                      libnvrtc.so.13 on LD_LIBRARY_PATH, e.g. from pip install nvidia-cuda-nvrtc)"
+                    .into(),
+            });
+        }
+        let label = self.label();
+        let (major, minor) = self
+            .ctx
+            .compute_capability()
+            .map_err(cuda_err(&label, "reading the compute capability"))?;
+        let load = |source: &hypercomm_kernels::KernelSource| {
+            let opts = cudarc::nvrtc::CompileOptions {
+                options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+                name: Some(source.name.to_owned()),
+                ..Default::default()
+            };
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(source.text, opts).map_err(|e| {
+                CommError::Device {
+                    comm: label.clone(),
+                    what: format!("nvrtc compiling {}: {e:?}", source.name),
+                }
+            })?;
+            self.ctx
+                .load_module(ptx)
+                .map_err(cuda_err(&label, &format!("loading {}", source.name)))
+        };
+        let pack_mod = load(&hypercomm_kernels::PACK)?;
+        let fill_mod = load(&hypercomm_kernels::FILL_VERIFY)?;
+        let function = |module: &Arc<cudarc::driver::CudaModule>, name: &str| {
+            module
+                .load_function(name)
+                .map_err(cuda_err(&label, &format!("loading kernel {name}")))
+        };
+        let by_width =
+            |f: fn(usize) -> Option<&'static str>| -> Result<[CudaFunction; 4], CommError> {
+                let mut out = Vec::with_capacity(4);
+                for w in [1, 2, 4, 8] {
+                    // pack_kernel/unpack_kernel name a kernel for each of these widths (tested in hypercomm-kernels).
+                    let name = f(w).unwrap_or("hypercomm_missing_kernel");
+                    out.push(function(&pack_mod, name)?);
+                }
+                out.try_into().map_err(|_| CommError::Device {
+                    comm: label.clone(),
+                    what: "expected four pack kernels".into(),
+                })
+            };
+        let pack = by_width(hypercomm_kernels::pack_kernel)?;
+        let unpack = by_width(hypercomm_kernels::unpack_kernel)?;
+        let mut fill = Vec::new();
+        let mut verify = Vec::new();
+        for d in DType::ALL {
+            fill.push((
+                d,
+                function(&fill_mod, &hypercomm_kernels::fill_kernel(d.name()))?,
+            ));
+            verify.push((
+                d,
+                function(&fill_mod, &hypercomm_kernels::verify_kernel(d.name()))?,
+            ));
+        }
+        let k = Arc::new(Kernels {
+            pack,
+            unpack,
+            fill,
+            verify,
+        });
+        *slot = Some(Arc::clone(&k));
+        Ok(k)
+    }
+
+    /// A zeroed buffer of `len` elements.
+    pub fn alloc_zeros<T: Element>(
+        self: &Arc<Self>,
+        len: usize,
+    ) -> Result<DeviceBuffer<T>, CommError> {
+        let bytes = len
+            .checked_mul(T::DTYPE.size())
+            .ok_or_else(|| CommError::InvalidArgument {
+                comm: self.label(),
+                what: format!("{len} elements of {} overflow usize bytes", T::DTYPE),
+            })?;
+        let stream = self.ctx.default_stream();
+        let slice = stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(cuda_err(&self.label(), "allocating device memory"))?;
+        Ok(DeviceBuffer {
+            gpu: Arc::clone(self),
+            slice,
+            len,
+            _element: PhantomData,
+        })
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn upload<T: Element>(self: &Arc<Self>, data: &[T]) -> Result<DeviceBuffer<T>, CommError> {
+        let mut buf = self.alloc_zeros::<T>(data.len())?;
+        let stream = self.ctx.default_stream();
+        let bytes = as_bytes(data);
+        stream
+            .memcpy_htod(bytes, &mut buf.slice.slice_mut(..bytes.len()))
+            .map_err(cuda_err(&self.label(), "copying to the device"))?;
+        Ok(buf)
+    }
+}
+
+/// `len` elements of `T` in device memory of one [`Gpu`]. Stream-ordered: cudarc records which streams read and
+/// write it, so using it on another stream (or dropping it) waits for work already enqueued on it.
+pub struct DeviceBuffer<T: Element> {
+    pub(crate) gpu: Arc<Gpu>,
+    /// At least `len * size_of::<T>()` bytes (one byte for an empty buffer: CUDA cannot allocate zero).
+    pub(crate) slice: CudaSlice<u8>,
+    len: usize,
+    _element: PhantomData<T>,
+}
+
+impl<T: Element> std::fmt::Debug for DeviceBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("dtype", &T::DTYPE)
+            .field("len", &self.len)
+            .field("device", &self.gpu.ordinal)
+            .finish()
+    }
+}
+
+impl<T: Element> DeviceBuffer<T> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device it lives on.
+    pub fn device(&self) -> usize {
+        self.gpu.ordinal
+    }
+
+    /// The [`Gpu`] it lives on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Bytes used by the elements.
+    pub(crate) fn byte_len(&self) -> usize {
+        self.len * T::DTYPE.size()
+    }
+
+    /// Copies the buffer to the host, waiting for work on it to finish (blocks the CPU).
+    pub fn download(&self) -> Result<Vec<T>, CommError> {
+        let mut out = vec![T::default(); self.len];
+        let stream = self.gpu.ctx.default_stream();
+        let n = self.byte_len();
+        stream
+            .memcpy_dtoh(&self.slice.slice(..n), as_bytes_mut(&mut out))
+            .map_err(cuda_err(&self.gpu.label(), "copying to the host"))?;
+        stream
+            .synchronize()
+            .map_err(cuda_err(&self.gpu.label(), "synchronizing the copy"))?;
+        Ok(out)
+    }
+}

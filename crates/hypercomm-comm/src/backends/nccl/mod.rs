@@ -1,0 +1,24 @@
+//! The NCCL backend: collectives on GPU memory, through cudarc (contexts, streams, events, buffers, NVRTC) and
+//! `nccl-sys` (the runtime-loaded NCCL API).
+//!
+//! Layers, as in cudarc: [`raw`] is every NCCL call as a `Result` (all the `unsafe` NCCL calls are there);
+//! [`comm`] owns one communicator (serialised calls, polling, abort on timeout, release on drop); the rest is safe
+//! code. Using it:
+//!
+//! 1. [`probe::DeviceRuntime::probe`]: is there a driver, a device, an NCCL? Any "no" is
+//!    [`CommError::Unavailable`](crate::CommError::Unavailable); nothing panics.
+//! 2. [`gpu::Gpu::open`]: a device, its event pool and its kernel cache; [`gpu::DeviceBuffer`]s live on it.
+//! 3. [`communicator::DeviceCommunicator::new`]: the unique id goes through the store ([`unique_id`]); the
+//!    options become an `ncclConfig_t` and a stream priority ([`config`]).
+//! 4. Collectives return [`communicator::DeviceWork`]: `wait(stream)` orders a stream after it,
+//!    `synchronize()` blocks.
+
+pub(crate) mod comm;
+pub(crate) mod communicator;
+pub(crate) mod config;
+pub(crate) mod gpu;
+pub(crate) mod probe;
+pub(crate) mod raw;
+pub(crate) mod unique_id;
+
+pub use probe::DeviceRuntime;

@@ -1,0 +1,449 @@
+//! Each NCCL call the backend makes, turned into a `Result`: the one place with `unsafe` NCCL calls.
+//!
+//! Nothing here owns anything. A call on a non-blocking communicator may answer `ncclInProgress`; that is
+//! [`Progress::Pending`], not an error, and the caller polls [`async_error`] until the communicator is ready.
+
+use std::os::raw::{c_int, c_void};
+
+use nccl_sys::sys::{self, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId};
+use nccl_sys::{Function, Nccl, NcclError};
+
+use super::config::NcclSettings;
+use super::unique_id::UNIQUE_ID_BYTES;
+use crate::element::{DType, ReduceOp};
+
+/// Whether a call finished or is still running inside a non-blocking communicator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Progress {
+    Done,
+    Pending,
+}
+
+/// A communicator handle that may cross threads. NCCL allows a communicator to be used from any thread as long
+/// as calls on it do not overlap; the owner (`NcclComm`) serialises them with a mutex.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CommHandle(pub ncclComm_t);
+
+// SAFETY: the pointer is an opaque handle owned by NCCL; NCCL permits using it from any thread, and every use
+// goes through `NcclComm`, which serialises calls with a mutex.
+unsafe impl Send for CommHandle {}
+// SAFETY: as above; shared references only pass the handle value to NCCL under that mutex.
+unsafe impl Sync for CommHandle {}
+
+fn progress(
+    nccl: &Nccl,
+    function: Function,
+    raw: sys::ncclResult_t,
+    comm: ncclComm_t,
+) -> Result<Progress, NcclError> {
+    // SAFETY: `comm` is null or a live communicator of this library (every caller passes one it owns).
+    match unsafe { nccl.check(function, raw, comm) } {
+        Ok(()) => Ok(Progress::Done),
+        Err(e) if e.is_in_progress() => Ok(Progress::Pending),
+        Err(e) => Err(e),
+    }
+}
+
+/// NCCL's type for a hypercomm element type (`ncclFloat8*` have no hypercomm counterpart).
+pub(crate) fn nccl_dtype(dtype: DType) -> ncclDataType_t {
+    match dtype {
+        DType::F32 => sys::ncclFloat32,
+        DType::F64 => sys::ncclFloat64,
+        DType::F16 => sys::ncclFloat16,
+        DType::BF16 => sys::ncclBfloat16,
+        DType::I8 => sys::ncclInt8,
+        DType::U8 => sys::ncclUint8,
+        DType::I32 => sys::ncclInt32,
+        DType::I64 => sys::ncclInt64,
+        DType::U32 => sys::ncclUint32,
+        DType::U64 => sys::ncclUint64,
+    }
+}
+
+/// NCCL's reduction for a hypercomm one (`ncclAvg` needs NCCL 2.10, older than anything with configs).
+pub(crate) fn nccl_op(op: ReduceOp) -> ncclRedOp_t {
+    match op {
+        ReduceOp::Sum => sys::ncclSum,
+        ReduceOp::Prod => sys::ncclProd,
+        ReduceOp::Min => sys::ncclMin,
+        ReduceOp::Max => sys::ncclMax,
+        ReduceOp::Avg => sys::ncclAvg,
+    }
+}
+
+/// `ncclGetUniqueId`.
+pub(crate) fn unique_id(nccl: &Nccl) -> Result<[u8; UNIQUE_ID_BYTES], NcclError> {
+    let api = nccl.api(Function::GetUniqueId)?;
+    let mut id = ncclUniqueId {
+        internal: [0; UNIQUE_ID_BYTES],
+    };
+    // SAFETY: NCCL writes the id into a live local of the right type.
+    let raw = unsafe { api.ncclGetUniqueId(&mut id) };
+    progress(nccl, Function::GetUniqueId, raw, std::ptr::null_mut())?;
+    Ok(id.internal.map(|b| b as u8))
+}
+
+/// `ncclCommInitRankConfig` (or `ncclCommInitRank` when the settings use no config). The handle is valid even
+/// when the answer is `Pending`.
+pub(crate) fn init_rank(
+    nccl: &Nccl,
+    nranks: usize,
+    id: &[u8; UNIQUE_ID_BYTES],
+    rank: usize,
+    settings: &NcclSettings,
+) -> Result<(CommHandle, Progress), NcclError> {
+    let id = ncclUniqueId {
+        internal: id.map(|b| b as std::os::raw::c_char),
+    };
+    let (nranks, rank) = (to_int(nranks), to_int(rank));
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    let (function, raw) = if settings.uses_config() {
+        let api = nccl.api(Function::CommInitRankConfig)?;
+        let mut config = settings.raw();
+        // SAFETY: `comm` and `config` are live locals; the config's strings point into `settings`, alive for the
+        // call; NCCL copies what it keeps.
+        let raw = unsafe { api.ncclCommInitRankConfig(&mut comm, nranks, id, rank, &mut config) };
+        (Function::CommInitRankConfig, raw)
+    } else {
+        let api = nccl.api(Function::CommInitRank)?;
+        // SAFETY: `comm` is a live local NCCL writes one handle to.
+        let raw = unsafe { api.ncclCommInitRank(&mut comm, nranks, id, rank) };
+        (Function::CommInitRank, raw)
+    };
+    let p = progress(nccl, function, raw, comm)?;
+    Ok((CommHandle(comm), p))
+}
+
+/// `ncclCommSplit`; `color` `None` is `NCCL_SPLIT_NOCOLOR` (the child handle is then null).
+pub(crate) fn split(
+    nccl: &Nccl,
+    parent: CommHandle,
+    color: Option<u32>,
+    key: i64,
+    settings: &NcclSettings,
+) -> Result<(CommHandle, Progress), NcclError> {
+    let api = nccl.api(Function::CommSplit)?;
+    let color = color.map_or(sys::NCCL_SPLIT_NOCOLOR, |c| {
+        c_int::try_from(c).unwrap_or(c_int::MAX)
+    });
+    let key = c_int::try_from(key).unwrap_or(if key < 0 { c_int::MIN } else { c_int::MAX });
+    let mut child: ncclComm_t = std::ptr::null_mut();
+    let mut config = settings.raw();
+    // SAFETY: `parent` is live (owned by the caller's NcclComm, calls serialised); `child` and `config` are live
+    // locals; the config's strings live in `settings` for the call.
+    let raw = unsafe { api.ncclCommSplit(parent.0, color, key, &mut child, &mut config) };
+    let p = progress(nccl, Function::CommSplit, raw, parent.0)?;
+    Ok((CommHandle(child), p))
+}
+
+/// `ncclCommShrink` without the ranks in `exclude` (NCCL 2.27+; the gate refuses older libraries).
+pub(crate) fn shrink(
+    nccl: &Nccl,
+    parent: CommHandle,
+    exclude: &[usize],
+    settings: &NcclSettings,
+    abort_first: bool,
+) -> Result<(CommHandle, Progress), NcclError> {
+    let api = nccl.api(Function::CommShrink)?;
+    let mut list: Vec<c_int> = exclude.iter().map(|&r| to_int(r)).collect();
+    let mut child: ncclComm_t = std::ptr::null_mut();
+    let mut config = settings.raw();
+    let flags = if abort_first {
+        sys::NCCL_SHRINK_ABORT
+    } else {
+        sys::NCCL_SHRINK_DEFAULT
+    } as c_int;
+    // SAFETY: `parent` is live; `list` holds `list.len()` ints for the call; `child` and `config` are live locals.
+    let raw = unsafe {
+        api.ncclCommShrink(
+            parent.0,
+            list.as_mut_ptr(),
+            to_int(list.len()),
+            &mut child,
+            &mut config,
+            flags,
+        )
+    };
+    let p = progress(nccl, Function::CommShrink, raw, parent.0)?;
+    Ok((CommHandle(child), p))
+}
+
+/// `ncclCommGetAsyncError`: `Done` when the communicator is idle and healthy, `Pending` while an operation is
+/// still being set up, `Err` with the asynchronous error otherwise.
+pub(crate) fn async_error(nccl: &Nccl, comm: CommHandle) -> Result<Progress, NcclError> {
+    let api = nccl.api(Function::CommGetAsyncError)?;
+    let mut state: sys::ncclResult_t = sys::ncclSuccess;
+    // SAFETY: `comm` is live; NCCL writes one result code into a live local.
+    let raw = unsafe { api.ncclCommGetAsyncError(comm.0, &mut state) };
+    progress(nccl, Function::CommGetAsyncError, raw, comm.0)?;
+    progress(nccl, Function::CommGetAsyncError, state, comm.0)
+}
+
+/// `ncclCommAbort`: frees the communicator, stopping its work. The handle is dead afterwards.
+pub(crate) fn abort(nccl: &Nccl, comm: CommHandle) -> Result<(), NcclError> {
+    let api = nccl.api(Function::CommAbort)?;
+    // SAFETY: `comm` is live and its owner never uses it again after this call.
+    let raw = unsafe { api.ncclCommAbort(comm.0) };
+    progress(nccl, Function::CommAbort, raw, std::ptr::null_mut()).map(|_| ())
+}
+
+/// `ncclCommFinalize`: flushes outstanding work; poll [`async_error`] until `Done` before [`destroy`].
+pub(crate) fn finalize(nccl: &Nccl, comm: CommHandle) -> Result<Progress, NcclError> {
+    let api = nccl.api(Function::CommFinalize)?;
+    // SAFETY: `comm` is live.
+    let raw = unsafe { api.ncclCommFinalize(comm.0) };
+    progress(nccl, Function::CommFinalize, raw, comm.0)
+}
+
+/// `ncclCommDestroy`. The handle is dead afterwards.
+pub(crate) fn destroy(nccl: &Nccl, comm: CommHandle) -> Result<(), NcclError> {
+    let api = nccl.api(Function::CommDestroy)?;
+    // SAFETY: `comm` is live, finalized, and never used again by its owner.
+    let raw = unsafe { api.ncclCommDestroy(comm.0) };
+    progress(nccl, Function::CommDestroy, raw, std::ptr::null_mut()).map(|_| ())
+}
+
+/// One collective or point-to-point call, with device addresses. Counts are in elements.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Call {
+    AllReduce {
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    },
+    Broadcast {
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        root: usize,
+    },
+    Reduce {
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    },
+    /// `count` is per rank (the send count).
+    AllGather {
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+    },
+    /// `count` is per rank (the receive count).
+    ReduceScatter {
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    },
+    Send {
+        buf: u64,
+        count: usize,
+        dtype: DType,
+        peer: usize,
+    },
+    Recv {
+        buf: u64,
+        count: usize,
+        dtype: DType,
+        peer: usize,
+    },
+}
+
+fn ptr(addr: u64) -> *mut c_void {
+    addr as usize as *mut c_void
+}
+
+fn to_int(v: usize) -> c_int {
+    // Callers check ranks and sizes against the communicator, whose size NCCL holds in an int.
+    c_int::try_from(v).unwrap_or(c_int::MAX)
+}
+
+/// Enqueues `call` on `stream`.
+///
+/// # Safety
+///
+/// `comm` is live and not used concurrently; `stream` is a live stream of the communicator's device; every
+/// address is device memory of that device holding at least what the call reads or writes, and stays allocated
+/// until the work completes on `stream`.
+pub(crate) unsafe fn enqueue(
+    nccl: &Nccl,
+    comm: CommHandle,
+    call: Call,
+    stream: sys::cudaStream_t,
+) -> Result<Progress, NcclError> {
+    let c = comm.0;
+    let (function, raw) = match call {
+        Call::AllReduce {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+        } => {
+            let api = nccl.api(Function::AllReduce)?;
+            // SAFETY: the caller's contract covers the comm, stream and buffers.
+            let raw = unsafe {
+                api.ncclAllReduce(
+                    ptr(send),
+                    ptr(recv),
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op),
+                    c,
+                    stream,
+                )
+            };
+            (Function::AllReduce, raw)
+        }
+        Call::Broadcast {
+            send,
+            recv,
+            count,
+            dtype,
+            root,
+        } => {
+            let api = nccl.api(Function::Broadcast)?;
+            // SAFETY: as above.
+            let raw = unsafe {
+                api.ncclBroadcast(
+                    ptr(send),
+                    ptr(recv),
+                    count,
+                    nccl_dtype(dtype),
+                    to_int(root),
+                    c,
+                    stream,
+                )
+            };
+            (Function::Broadcast, raw)
+        }
+        Call::Reduce {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+            root,
+        } => {
+            let api = nccl.api(Function::Reduce)?;
+            // SAFETY: as above.
+            let raw = unsafe {
+                api.ncclReduce(
+                    ptr(send),
+                    ptr(recv),
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op),
+                    to_int(root),
+                    c,
+                    stream,
+                )
+            };
+            (Function::Reduce, raw)
+        }
+        Call::AllGather {
+            send,
+            recv,
+            count,
+            dtype,
+        } => {
+            let api = nccl.api(Function::AllGather)?;
+            // SAFETY: as above.
+            let raw = unsafe {
+                api.ncclAllGather(ptr(send), ptr(recv), count, nccl_dtype(dtype), c, stream)
+            };
+            (Function::AllGather, raw)
+        }
+        Call::ReduceScatter {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+        } => {
+            let api = nccl.api(Function::ReduceScatter)?;
+            // SAFETY: as above.
+            let raw = unsafe {
+                api.ncclReduceScatter(
+                    ptr(send),
+                    ptr(recv),
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op),
+                    c,
+                    stream,
+                )
+            };
+            (Function::ReduceScatter, raw)
+        }
+        Call::Send {
+            buf,
+            count,
+            dtype,
+            peer,
+        } => {
+            let api = nccl.api(Function::Send)?;
+            // SAFETY: as above.
+            let raw = unsafe {
+                api.ncclSend(ptr(buf), count, nccl_dtype(dtype), to_int(peer), c, stream)
+            };
+            (Function::Send, raw)
+        }
+        Call::Recv {
+            buf,
+            count,
+            dtype,
+            peer,
+        } => {
+            let api = nccl.api(Function::Recv)?;
+            // SAFETY: as above.
+            let raw = unsafe {
+                api.ncclRecv(ptr(buf), count, nccl_dtype(dtype), to_int(peer), c, stream)
+            };
+            (Function::Recv, raw)
+        }
+    };
+    progress(nccl, function, raw, c)
+}
+
+/// `ncclGroupStart`.
+pub(crate) fn group_start(nccl: &Nccl) -> Result<(), NcclError> {
+    let api = nccl.api(Function::GroupStart)?;
+    // SAFETY: no arguments; affects only this thread's NCCL group state.
+    let raw = unsafe { api.ncclGroupStart() };
+    progress(nccl, Function::GroupStart, raw, std::ptr::null_mut()).map(|_| ())
+}
+
+/// `ncclGroupEnd`; `Pending` on a non-blocking communicator until the group is launched.
+pub(crate) fn group_end(nccl: &Nccl) -> Result<Progress, NcclError> {
+    let api = nccl.api(Function::GroupEnd)?;
+    // SAFETY: no arguments; ends this thread's group started by `group_start`.
+    let raw = unsafe { api.ncclGroupEnd() };
+    progress(nccl, Function::GroupEnd, raw, std::ptr::null_mut())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_element_type_and_reduction_has_a_distinct_nccl_code() {
+        let types: std::collections::BTreeSet<_> =
+            DType::ALL.iter().map(|&d| nccl_dtype(d)).collect();
+        assert_eq!(types.len(), DType::ALL.len());
+        assert_eq!(nccl_dtype(DType::BF16), 9);
+        assert_eq!(nccl_dtype(DType::U64), 5);
+        let ops: std::collections::BTreeSet<_> =
+            ReduceOp::ALL.iter().map(|&o| nccl_op(o)).collect();
+        assert_eq!(ops.len(), ReduceOp::ALL.len());
+        assert_eq!(nccl_op(ReduceOp::Avg), 4);
+    }
+}
