@@ -82,6 +82,7 @@ pub(crate) fn fetch(store: &dyn Store, comm: &str, by: usize, size: usize) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hypercomm_store::MemoryStore;
 
     #[test]
     fn a_published_list_is_fetched_and_junk_is_dropped() {
