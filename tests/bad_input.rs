@@ -124,22 +124,17 @@ proptest! {
     }
 }
 
-/// Plays rank 1 of a 2-rank TCP communicator by hand against a real rank 0: greets it properly, then sends
-/// `junk` where frames should be. Rank 0's next collective must fail with an error, not panic or hang.
-fn junk_after_greeting(name: &str, junk: &[u8]) -> Result<Vec<i32>, CommError> {
+/// Plays rank 1 of a 2-rank TCP communicator by hand against a real rank 0, following the bootstrap protocol
+/// (count in under `arrivals`, read the leader's address, greet it) and then sending `junk` where frames should
+/// be; with `greet: false` the junk replaces the greeting. Rank 0 must fail with an error, not panic or hang.
+fn junk_to_rank0(name: &str, greet: bool, junk: &[u8]) -> Result<Vec<i32>, CommError> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let options = CommOptions {
         timeout: Duration::from_secs(3),
         force_tcp: true,
         ..CommOptions::named(name)
     };
-    let key = |what: &str, r: usize| Key::new("comm").push(name).push(what).push(r);
-    store
-        .set(
-            &key("host", 1),
-            format!("elsewhere/peer\n{}", std::process::id()).as_bytes(),
-        )
-        .unwrap();
+    let key = |what: &str| Key::new("comm").push(name).push(what);
     let rank0 = {
         let store = Arc::clone(&store);
         std::thread::spawn(move || {
@@ -147,11 +142,19 @@ fn junk_after_greeting(name: &str, junk: &[u8]) -> Result<Vec<i32>, CommError> {
             comm.all_reduce(vec![1i32; 100], ReduceOp::Sum)?.wait()
         })
     };
-    let addr = store.get(&key("tcp", 0), Duration::from_secs(30)).unwrap();
+    if store.add(&key("arrivals"), 1).unwrap() == 2 {
+        store.set(&key("decision"), b"tcp-local").unwrap();
+    }
+    let addr = store.get(&key("tcp"), Duration::from_secs(30)).unwrap();
     let mut peer = TcpStream::connect(String::from_utf8(addr).unwrap()).unwrap();
-    let mut hello = 0x6863_7463_7068_656c_u64.to_le_bytes().to_vec();
-    hello.extend(1u64.to_le_bytes());
-    peer.write_all(&hello).unwrap();
+    if greet {
+        let own = b"127.0.0.1:9";
+        let mut hello = 0x6863_7463_7068_656c_u64.to_le_bytes().to_vec();
+        hello.extend(1u64.to_le_bytes());
+        hello.extend((own.len() as u16).to_le_bytes());
+        hello.extend(own);
+        peer.write_all(&hello).unwrap();
+    }
     let _ = peer.write_all(junk);
     let result = rank0.join().expect("rank 0 panicked on garbage");
     drop(peer);
@@ -169,14 +172,14 @@ fn garbage_on_a_host_tcp_connection_is_an_error() {
         ("short", vec![7u8; 10]),
         ("text", b"GET / HTTP/1.1\r\n\r\n".repeat(8)),
     ];
-    for (name, junk) in cases {
-        let started = Instant::now();
-        let err = junk_after_greeting(&format!("junk-{name}"), &junk).unwrap_err();
-        assert!(err.to_string().contains(&format!("junk-{name}")), "{err}");
-        assert!(
-            started.elapsed() < Duration::from_secs(3 + 10),
-            "{name}: {:?}",
-            started.elapsed()
-        );
+    for greet in [true, false] {
+        for (name, junk) in &cases {
+            let comm = format!("junk-{name}-{greet}");
+            let started = Instant::now();
+            let err = junk_to_rank0(&comm, greet, junk).unwrap_err();
+            assert!(err.to_string().contains(&comm), "{err}");
+            let took = started.elapsed();
+            assert!(took < Duration::from_secs(3 + 10), "{comm}: {took:?}");
+        }
     }
 }
