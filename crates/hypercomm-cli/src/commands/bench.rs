@@ -197,80 +197,29 @@ fn write_json(path: &Path, results: &[BenchResult]) -> Result<(), CliError> {
         .map_err(|e| CliError::Failed(format!("cannot write {}: {e}", path.display())))
 }
 
-/// Font files tried for the plot's labels, in order.
-const FONTS: [&str; 3] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-];
-
+/// Draws busbw against size as a PNG or SVG (by `path`'s extension), with no fonts needed on the machine.
 fn plot(path: &Path, results: &[BenchResult]) -> Result<(), CliError> {
-    use plotters::prelude::*;
-    let failed = |e: &dyn std::fmt::Display| {
-        CliError::Failed(format!("cannot draw {}: {e}", path.display()))
-    };
-    let font = FONTS
-        .iter()
-        .find_map(|p| std::fs::read(p).ok())
-        .ok_or_else(|| {
-            CliError::Failed(format!(
-                "--plot needs a DejaVuSans font; none of {FONTS:?} exists"
-            ))
-        })?;
-    // plotters keeps registered fonts for the life of the process and wants 'static bytes: this command runs
-    // once per process, so the leak is one font file.
-    plotters::style::register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        Box::leak(font.into_boxed_slice()),
-    )
-    .map_err(|_| CliError::Failed("the DejaVuSans font file is not a valid font".into()))?;
-    let (Some(first), Some(last)) = (results.first(), results.last()) else {
+    let Some(first) = results.first() else {
         return Err(CliError::Failed("no results to plot".into()));
     };
-    let max_bw = results
-        .iter()
-        .map(|r| r.busbw_gbps)
-        .fold(0.0, f64::max)
-        .max(1e-3)
-        * 1.1;
-    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| failed(&e))?;
     let title = format!(
         "hypercomm host {} busbw, {} ranks ({})",
         first.op.name(),
         first.ranks,
         first.transport
     );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(
-            (first.bytes.max(1) as f64..last.bytes.max(2) as f64).log_scale(),
-            0.0..max_bw,
-        )
-        .map_err(|e| failed(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("message size (bytes, log scale)")
-        .y_desc("busbw (GB/s)")
-        .x_label_formatter(&|x| human(*x))
-        .draw()
-        .map_err(|e| failed(&e))?;
     let points: Vec<(f64, f64)> = results
         .iter()
-        .map(|r| (r.bytes as f64, r.busbw_gbps))
+        .map(|r| (r.bytes.max(1) as f64, r.busbw_gbps))
         .collect();
-    chart
-        .draw_series(LineSeries::new(points.clone(), BLUE.stroke_width(2)))
-        .map_err(|e| failed(&e))?;
-    chart
-        .draw_series(points.into_iter().map(|p| Circle::new(p, 3, BLUE.filled())))
-        .map_err(|e| failed(&e))?;
-    root.present().map_err(|e| failed(&e))?;
-    Ok(())
+    let scene = crate::render::plot::log_x_chart(
+        &title,
+        "message size (bytes, log scale)",
+        "busbw (GB/s)",
+        &points,
+        human,
+    );
+    crate::render::write(&scene, path)
 }
 
 fn human(bytes: f64) -> String {
