@@ -259,27 +259,15 @@ impl Communicator {
     }
 
     fn invalid(&self, what: String) -> CommError {
-        CommError::InvalidArgument {
-            comm: self.name.clone(),
-            what,
-        }
+        crate::checks::invalid(&self.name, what)
     }
 
     fn check_root(&self, root: usize) -> Result<(), CommError> {
-        if root >= self.size() {
-            return Err(self.invalid(format!(
-                "root {root} is not a rank of a {}-rank communicator",
-                self.size()
-            )));
-        }
-        Ok(())
+        crate::checks::root(&self.name, self.size(), root)
     }
 
     fn check_len(&self, what: &str, got: usize, expected: usize) -> Result<(), CommError> {
-        if got != expected {
-            return Err(self.invalid(format!("{what} has {got} elements, expected {expected}")));
-        }
-        Ok(())
+        crate::checks::len(&self.name, what, got, expected)
     }
 
     fn check_multiple(&self, what: &str, len: usize) -> Result<(), CommError> {

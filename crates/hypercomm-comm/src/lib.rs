@@ -18,6 +18,7 @@
 mod backend;
 mod backends;
 pub mod bench;
+mod checks;
 mod communicator;
 pub mod device;
 mod element;

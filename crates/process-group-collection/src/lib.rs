@@ -19,6 +19,7 @@
 //! requests per group, so its work grows with the number of groups it is in, not with the world ([`cost`]
 //! simulates the store traffic for worlds of any size). Dropping a collection releases every communicator.
 
+pub mod bench;
 mod collection;
 pub mod cost;
 mod error;

@@ -6,6 +6,14 @@
 //!   "tp":    { "cga_cluster_size": 2, "max_ctas": 16 } }
 //! ```
 //!
+//! The same in YAML (`.yaml`/`.yml` files, cargo feature `yaml`, on by default):
+//!
+//! ```yaml
+//! dp_cp:
+//!   timeout_secs: 120
+//!   high_priority_stream: true
+//! ```
+//!
 //! Every key is checked: an unknown group kind or an unknown option is an error naming it, never ignored. Options
 //! a backend cannot honour are rejected when the communicator is created (the host backend honours only
 //! `timeout_secs`).
@@ -110,13 +118,31 @@ impl GroupOptions {
         serde_json::from_str(text).map_err(|e| CollectionError::Options(e.to_string()))
     }
 
-    /// Reads and parses a JSON file.
+    /// Parses the YAML form (the format of Megatron-Core's NCCL communicator config); unknown options are errors.
+    #[cfg(feature = "yaml")]
+    pub fn from_yaml(text: &str) -> Result<GroupOptions, CollectionError> {
+        serde_saphyr::from_str(text).map_err(|e| CollectionError::Options(e.to_string()))
+    }
+
+    /// Reads and parses a file: JSON for `.json`, YAML for `.yaml` and `.yml` (feature `yaml`, on by default).
     pub fn from_file(path: &std::path::Path) -> Result<GroupOptions, CollectionError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             CollectionError::Options(format!("cannot read {}: {e}", path.display()))
         })?;
-        Self::from_json(&text)
-            .map_err(|e| CollectionError::Options(format!("{}: {e}", path.display())))
+        let parsed = match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => Self::from_json(&text),
+            #[cfg(feature = "yaml")]
+            Some("yaml" | "yml") => Self::from_yaml(&text),
+            other => Err(CollectionError::Options(format!(
+                "unknown option file type {other:?}: use .json{}",
+                if cfg!(feature = "yaml") {
+                    ", .yaml or .yml"
+                } else {
+                    " (YAML needs the `yaml` feature)"
+                }
+            ))),
+        };
+        parsed.map_err(|e| CollectionError::Options(format!("{}: {e}", path.display())))
     }
 
     /// The options for `kind`, if any.
@@ -167,6 +193,37 @@ mod tests {
             .unwrap();
         assert_eq!(tp.max_ctas, Some(16));
         assert!(opts.check_kinds(["tp", "dp_cp", "pp"]).is_ok());
+    }
+
+    #[cfg(feature = "yaml")]
+    #[test]
+    fn yaml_files_parse_like_json_and_reject_unknown_options() {
+        let dir = std::env::temp_dir().join(format!("pgc-options-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let yaml = dir.join("nccl.yaml");
+        std::fs::write(
+            &yaml,
+            "dp_cp:\n  timeout_secs: 2.5\n  high_priority_stream: true\ntp:\n  max_ctas: 16\n",
+        )
+        .unwrap();
+        let json = dir.join("nccl.json");
+        std::fs::write(&json, r#"{"dp_cp": {"timeout_secs": 2.5, "high_priority_stream": true}, "tp": {"max_ctas": 16}}"#)
+            .unwrap();
+        assert_eq!(
+            GroupOptions::from_file(&yaml).unwrap(),
+            GroupOptions::from_file(&json).unwrap()
+        );
+        std::fs::write(&yaml, "tp:\n  max_cta: 16\n").unwrap();
+        let err = GroupOptions::from_file(&yaml).unwrap_err().to_string();
+        assert!(err.contains("unknown field `max_cta`"), "{err}");
+        let txt = dir.join("nccl.txt");
+        std::fs::write(&txt, "{}").unwrap();
+        let err = GroupOptions::from_file(&txt).unwrap_err().to_string();
+        assert!(
+            err.contains("unknown option file type Some(\"txt\")"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

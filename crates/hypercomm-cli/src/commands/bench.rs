@@ -35,6 +35,13 @@ pub struct Args {
     /// Draw busbw against size (log-scale x) as a PNG here.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Instead of collectives: time building a full process-group collection (all 22 kinds, all-gather groups on)
+    /// on 8 ranks, by both bootstraps (store-keyed and split); prints the median build time per rank.
+    #[arg(long)]
+    collection: bool,
+    /// With --collection: how many times each strategy builds the collection.
+    #[arg(long, default_value_t = 20)]
+    repeats: usize,
 }
 
 /// Parses `8B`, `4KiB`, `256MiB`, `1G`: a number with an optional binary unit.
@@ -94,6 +101,9 @@ fn row(r: &BenchResult) -> String {
 
 /// Runs the benchmark and prints, writes and draws its results.
 pub fn run(args: Args) -> Result<(), CliError> {
+    if args.collection {
+        return run_collection(&args);
+    }
     match args.backend.as_str() {
         "host" => {}
         "nccl" => {
@@ -187,80 +197,29 @@ fn write_json(path: &Path, results: &[BenchResult]) -> Result<(), CliError> {
         .map_err(|e| CliError::Failed(format!("cannot write {}: {e}", path.display())))
 }
 
-/// Font files tried for the plot's labels, in order.
-const FONTS: [&str; 3] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-];
-
+/// Draws busbw against size as a PNG or SVG (by `path`'s extension), with no fonts needed on the machine.
 fn plot(path: &Path, results: &[BenchResult]) -> Result<(), CliError> {
-    use plotters::prelude::*;
-    let failed = |e: &dyn std::fmt::Display| {
-        CliError::Failed(format!("cannot draw {}: {e}", path.display()))
-    };
-    let font = FONTS
-        .iter()
-        .find_map(|p| std::fs::read(p).ok())
-        .ok_or_else(|| {
-            CliError::Failed(format!(
-                "--plot needs a DejaVuSans font; none of {FONTS:?} exists"
-            ))
-        })?;
-    // plotters keeps registered fonts for the life of the process and wants 'static bytes: this command runs
-    // once per process, so the leak is one font file.
-    plotters::style::register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        Box::leak(font.into_boxed_slice()),
-    )
-    .map_err(|_| CliError::Failed("the DejaVuSans font file is not a valid font".into()))?;
-    let (Some(first), Some(last)) = (results.first(), results.last()) else {
+    let Some(first) = results.first() else {
         return Err(CliError::Failed("no results to plot".into()));
     };
-    let max_bw = results
-        .iter()
-        .map(|r| r.busbw_gbps)
-        .fold(0.0, f64::max)
-        .max(1e-3)
-        * 1.1;
-    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| failed(&e))?;
     let title = format!(
         "hypercomm host {} busbw, {} ranks ({})",
         first.op.name(),
         first.ranks,
         first.transport
     );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(
-            (first.bytes.max(1) as f64..last.bytes.max(2) as f64).log_scale(),
-            0.0..max_bw,
-        )
-        .map_err(|e| failed(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("message size (bytes, log scale)")
-        .y_desc("busbw (GB/s)")
-        .x_label_formatter(&|x| human(*x))
-        .draw()
-        .map_err(|e| failed(&e))?;
     let points: Vec<(f64, f64)> = results
         .iter()
-        .map(|r| (r.bytes as f64, r.busbw_gbps))
+        .map(|r| (r.bytes.max(1) as f64, r.busbw_gbps))
         .collect();
-    chart
-        .draw_series(LineSeries::new(points.clone(), BLUE.stroke_width(2)))
-        .map_err(|e| failed(&e))?;
-    chart
-        .draw_series(points.into_iter().map(|p| Circle::new(p, 3, BLUE.filled())))
-        .map_err(|e| failed(&e))?;
-    root.present().map_err(|e| failed(&e))?;
-    Ok(())
+    let scene = crate::render::plot::log_x_chart(
+        &title,
+        "message size (bytes, log scale)",
+        "busbw (GB/s)",
+        &points,
+        human,
+    );
+    crate::render::write(&scene, path)
 }
 
 fn human(bytes: f64) -> String {
@@ -271,6 +230,63 @@ fn human(bytes: f64) -> String {
         }
     }
     format!("{bytes:.0}B")
+}
+
+/// `hypercomm bench --collection`: median per-rank build time of a full collection, by each bootstrap.
+fn run_collection(args: &Args) -> Result<(), CliError> {
+    use process_group_collection::bench::{Strategy, full_layout_8, median, time_builds};
+    if args.backend != "host" {
+        return Err(CliError::Usage(
+            "--collection measures the host backend only".into(),
+        ));
+    }
+    if args.repeats == 0 {
+        return Err(CliError::Usage("--repeats must be at least 1".into()));
+    }
+    let layout = full_layout_8();
+    let mut results = Vec::new();
+    println!(
+        "collection build, 8 ranks as threads of one process, layout tp 2 cp 2 pp 2 ep 2 etp 1, 2 optimizer instances, hcp [2]; {} repeat(s)",
+        args.repeats
+    );
+    println!(
+        "{:>8} {:>14} {:>12} {:>12} {:>12}",
+        "strategy", "communicators", "median ms", "min ms", "max ms"
+    );
+    for strategy in Strategy::ALL {
+        let (times, communicators) = time_builds(&layout, strategy, args.repeats)
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let (lo, hi) = (
+            times.iter().min().copied().unwrap_or_default(),
+            times.iter().max().copied().unwrap_or_default(),
+        );
+        let med = median(&times);
+        println!(
+            "{:>8} {communicators:>14} {:>12.2} {:>12.2} {:>12.2}",
+            strategy.name(),
+            ms(med),
+            ms(lo),
+            ms(hi)
+        );
+        results.push(serde_json::json!({
+            "strategy": strategy.name(),
+            "ranks": 8,
+            "communicators_per_rank": communicators,
+            "repeats": args.repeats,
+            "median_ms": ms(med),
+            "min_ms": ms(lo),
+            "max_ms": ms(hi),
+        }));
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&serde_json::json!({ "collection": results }))
+            .map_err(|e| CliError::Failed(format!("cannot encode JSON: {e}")))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| CliError::Failed(format!("cannot write {}: {e}", path.display())))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use hypercomm_grid::layout::{GroupKind, LayoutConfig, ParallelLayout};
+use hypercomm_grid::layout::{GroupKind, ParallelLayout};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -15,33 +15,14 @@ use hypercomm_grid::topology::Placement;
 /// Arguments of `hypercomm layout`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The number of ranks.
-    #[arg(long)]
-    world: usize,
-    /// Tensor-parallel size.
-    #[arg(long, default_value_t = 1)]
-    tp: usize,
-    /// Pipeline-parallel size.
-    #[arg(long, default_value_t = 1)]
-    pp: usize,
-    /// Context-parallel size.
-    #[arg(long, default_value_t = 1)]
-    cp: usize,
-    /// Expert-parallel size.
-    #[arg(long, default_value_t = 1)]
-    ep: usize,
-    /// Expert tensor-parallel size (default: tp, as in Megatron-Core).
-    #[arg(long)]
-    etp: Option<usize>,
+    #[command(flatten)]
+    sizes: super::sizes::SizeArgs,
     /// Order of the dimensions, fastest first.
     #[arg(long, default_value = "tp-cp-ep-dp-pp")]
     order: String,
     /// The first rank of the layout.
     #[arg(long, default_value_t = 0)]
     offset: usize,
-    /// Number of distributed-optimizer instances.
-    #[arg(long, default_value_t = 1)]
-    dist_opt_instances: usize,
     /// Hierarchical context-parallel sizes, innermost first: `2,4`.
     #[arg(long, value_delimiter = ',')]
     hcp: Option<Vec<usize>>,
@@ -68,17 +49,11 @@ pub struct Args {
 
 impl Args {
     fn layout(&self) -> Result<ParallelLayout, CliError> {
-        let mut config = LayoutConfig::new(self.world)
-            .tp(self.tp)
-            .pp(self.pp)
-            .cp(self.cp)
-            .ep(self.ep)
+        let mut config = self
+            .sizes
+            .config()
             .order(&self.order)
-            .rank_offset(self.offset)
-            .dist_opt_instances(self.dist_opt_instances);
-        if let Some(etp) = self.etp {
-            config = config.etp(etp);
-        }
+            .rank_offset(self.offset);
         if let Some(hcp) = &self.hcp {
             config = config.hcp_sizes(hcp.clone());
         }

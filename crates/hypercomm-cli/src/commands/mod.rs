@@ -5,4 +5,5 @@ pub mod grid;
 pub mod launch;
 pub mod layout;
 pub mod plan;
+pub mod sizes;
 pub mod store;

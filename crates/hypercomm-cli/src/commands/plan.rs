@@ -4,7 +4,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use hypercomm_grid::layout::LayoutConfig;
 use hypercomm_grid::topology::{
     Cluster, ModelShape, Ranking, Score, Traffic, TrafficKind, explain, number, search, seconds,
     verdict,
@@ -20,27 +19,8 @@ pub struct Args {
     /// The cluster description (JSON; see examples/clusters/).
     #[arg(long)]
     cluster: PathBuf,
-    /// The number of ranks.
-    #[arg(long)]
-    world: usize,
-    /// Tensor-parallel size.
-    #[arg(long, default_value_t = 1)]
-    tp: usize,
-    /// Pipeline-parallel size.
-    #[arg(long, default_value_t = 1)]
-    pp: usize,
-    /// Context-parallel size.
-    #[arg(long, default_value_t = 1)]
-    cp: usize,
-    /// Expert-parallel size.
-    #[arg(long, default_value_t = 1)]
-    ep: usize,
-    /// Expert tensor-parallel size (default: tp).
-    #[arg(long)]
-    etp: Option<usize>,
-    /// Number of distributed-optimizer instances.
-    #[arg(long, default_value_t = 1)]
-    dist_opt_instances: usize,
+    #[command(flatten)]
+    sizes: super::sizes::SizeArgs,
     /// Model parameters, for the default traffic (default 7e9).
     #[arg(long)]
     model_params: Option<f64>,
@@ -78,19 +58,6 @@ pub struct Args {
 }
 
 impl Args {
-    fn config(&self) -> LayoutConfig {
-        let config = LayoutConfig::new(self.world)
-            .tp(self.tp)
-            .pp(self.pp)
-            .cp(self.cp)
-            .ep(self.ep)
-            .dist_opt_instances(self.dist_opt_instances);
-        match self.etp {
-            Some(etp) => config.etp(etp),
-            None => config,
-        }
-    }
-
     fn shape(&self) -> ModelShape {
         let d = ModelShape::default();
         ModelShape {
@@ -136,7 +103,7 @@ struct Plan<'a> {
 /// Runs `hypercomm plan`.
 pub fn run(args: Args) -> Result<(), CliError> {
     let cluster = read_cluster(&args.cluster)?;
-    let config = args.config();
+    let config = args.sizes.config();
     let base = config.clone().build()?;
     let mut traffic = Traffic::from_model(&args.shape(), &base)?;
     if let Some(text) = &args.traffic {
@@ -148,7 +115,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         return print_json(&Plan {
             cluster: cluster.name(),
             devices: cluster.devices(),
-            world: args.world,
+            world: args.sizes.world,
             traffic,
             verdict: verdict(&ranking),
             candidates_searched: ranking.candidates.len(),
@@ -175,10 +142,10 @@ pub fn run(args: Args) -> Result<(), CliError> {
         out,
         "layout: world {}, tp {} pp {} cp {} ep {} etp {}, dp {}",
         base.world(),
-        args.tp,
-        args.pp,
-        args.cp,
-        args.ep,
+        args.sizes.tp,
+        args.sizes.pp,
+        args.sizes.cp,
+        args.sizes.ep,
         base.etp(),
         base.dp()
     )?;

@@ -54,6 +54,16 @@ fn draw_scene<DB: DrawingBackend>(
                     rect(area, (x, y, w, h), color(stroke).stroke_width(1))?;
                 }
             }
+            Shape::Line {
+                ref points,
+                color: c,
+                width,
+            } => {
+                area.draw(&PathElement::new(
+                    points.clone(),
+                    color(c).stroke_width(width),
+                ))?;
+            }
             Shape::Text { .. } => text(area, shape)?,
         }
     }
@@ -84,6 +94,7 @@ pub fn svg(scene: &Scene, path: &Path) -> Result<(), CliError> {
         let h = match anchor {
             Anchor::Left => HPos::Left,
             Anchor::Centre => HPos::Center,
+            Anchor::Right => HPos::Right,
         };
         let style = ("sans-serif", px)
             .into_font()
@@ -114,6 +125,7 @@ pub fn png(scene: &Scene, path: &Path) -> Result<(), CliError> {
         let left = match anchor {
             Anchor::Left => x,
             Anchor::Centre => x - width / 2,
+            Anchor::Right => x - width,
         };
         // Centre the part above the baseline (seven of nine rows) on y.
         let top = y - (7 * scale) as i32 / 2;

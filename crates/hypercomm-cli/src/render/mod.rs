@@ -1,8 +1,9 @@
 //! Pictures of layouts: [`scene`] lays a layout out as shapes, [`draw`] draws them as SVG or PNG with plotters, and
-//! [`font`] supplies PNG text without system fonts.
+//! [`font`] supplies PNG text without system fonts; [`plot`] lays out benchmark charts as scenes too.
 
 pub mod draw;
 pub mod font;
+pub mod plot;
 pub mod scene;
 
 use std::path::Path;

@@ -40,6 +40,8 @@ pub enum Anchor {
     Left,
     /// The point is the text's centre.
     Centre,
+    /// The point is the text's right end.
+    Right,
 }
 
 /// A shape to draw.
@@ -59,6 +61,15 @@ pub enum Shape {
         fill: Option<Rgb>,
         /// Outline colour.
         stroke: Option<Rgb>,
+    },
+    /// A polyline.
+    Line {
+        /// The points, in order.
+        points: Vec<(i32, i32)>,
+        /// Colour.
+        color: Rgb,
+        /// Stroke width in pixels.
+        width: u32,
     },
     /// One line of text, vertically centred on `y`.
     Text {

@@ -347,10 +347,7 @@ impl DeviceCommunicator {
     }
 
     fn invalid(&self, what: String) -> CommError {
-        CommError::InvalidArgument {
-            comm: self.options.name.clone(),
-            what,
-        }
+        crate::checks::invalid(&self.options.name, what)
     }
 
     fn check_device<T: Element>(&self, what: &str, b: &DeviceBuffer<T>) -> Result<(), CommError> {
@@ -365,20 +362,11 @@ impl DeviceCommunicator {
     }
 
     fn check_root(&self, root: usize) -> Result<(), CommError> {
-        if root >= self.size() {
-            return Err(self.invalid(format!(
-                "root {root} is not a rank of a {}-rank communicator",
-                self.size()
-            )));
-        }
-        Ok(())
+        crate::checks::root(&self.options.name, self.size(), root)
     }
 
     fn check_len(&self, what: &str, got: usize, expected: usize) -> Result<(), CommError> {
-        if got != expected {
-            return Err(self.invalid(format!("{what} has {got} elements, expected {expected}")));
-        }
-        Ok(())
+        crate::checks::len(&self.options.name, what, got, expected)
     }
 
     /// Enqueues `calls` (grouped when more than one), records an event, and wraps `value`.
