@@ -45,18 +45,6 @@ struct Case {
     names: &'static str,
 }
 
-/// KNOWN GAP (host bootstrap, `backends/host/bootstrap.rs`): when a rank never arrives, the others time out
-/// waiting for the `decision` key and report a store timeout that names the communicator but not the missing
-/// rank (the `arrivals` counter cannot say who is missing; under shared memory the segment's per-rank pids could).
-/// These cases still must end in a bounded error naming the communicator, with nothing left behind; the rank is
-/// required only when the error has it. Tighten once the bootstrap names the missing ranks.
-const BOOTSTRAP_GAP: &[&str] = &[
-    "bootstrap_kill",
-    "collection_kill",
-    "wrong_secret",
-    "wrong_world",
-];
-
 fn cases() -> Vec<Case> {
     let lost = "[3]";
     vec![
@@ -227,9 +215,8 @@ fn start_store() -> (Child, String) {
 }
 
 /// Runs one case; returns the table row or what went wrong.
-/// A passing case: the fastest and slowest time to error, the job's wall time, a sample error, and how many ranks
-/// hit the bootstrap gap.
-type Row = (u128, u128, f64, String, usize);
+/// A passing case: the fastest and slowest time to error, the job's wall time, and a sample error.
+type Row = (u128, u128, f64, String);
 
 fn run(case: &Case) -> Result<Row, String> {
     let mut launcher = Launcher::current_test("rank::fault_rank")
@@ -261,7 +248,6 @@ fn run(case: &Case) -> Result<Row, String> {
     let mut times = Vec::new();
     let mut sample = String::new();
     let mut pids = Vec::new();
-    let mut gaps = 0;
     for outcome in &report.ranks {
         let seen = parse(&outcome.stdout);
         pids.extend(seen.pid);
@@ -305,16 +291,11 @@ fn run(case: &Case) -> Result<Row, String> {
                 outcome.rank, seen.err
             ));
         }
-        let gap = BOOTSTRAP_GAP.contains(&case.name) && seen.err.contains("/decision");
-        if gap {
-            gaps += 1;
-        }
-        let victim_named = gap
-            || if case.names == "[3]" {
-                names_rank(&seen.err, VICTIM)
-            } else {
-                seen.err.contains(case.names)
-            };
+        let victim_named = if case.names == "[3]" {
+            names_rank(&seen.err, VICTIM)
+        } else {
+            seen.err.contains(case.names)
+        };
         let comm_named = seen.err.contains(&comm) || case.name == "store_kill";
         if !(victim || comm_named && victim_named) {
             return Err(format!(
@@ -345,7 +326,7 @@ fn run(case: &Case) -> Result<Row, String> {
         times.iter().copied().min().unwrap_or(0),
         times.iter().copied().max().unwrap_or(0),
     );
-    Ok((min, max, job.as_secs_f64(), sample, gaps))
+    Ok((min, max, job.as_secs_f64(), sample))
 }
 
 #[test]
@@ -360,15 +341,10 @@ fn every_fault_ends_in_a_named_error_within_the_timeout() {
     });
     for case in chosen {
         match run(&case) {
-            Ok((min, max, job, err, gaps)) => rows.push(format!(
-                "| {} | {} | {min}-{max} | {job:.1} | {}{} |",
+            Ok((min, max, job, err)) => rows.push(format!(
+                "| {} | {} | {min}-{max} | {job:.1} | {} |",
                 case.name,
                 case.what,
-                if gaps > 0 {
-                    "KNOWN GAP, rank not named: "
-                } else {
-                    ""
-                },
                 err.chars().take(110).collect::<String>().replace('|', "/")
             )),
             Err(e) => {

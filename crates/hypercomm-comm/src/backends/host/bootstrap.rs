@@ -7,7 +7,8 @@
 //!    just created the shared-memory segment and attached to it.
 //! 2. Every other rank reads `leader`. A rank on the leader's host (same boot id and hostname) maps the segment
 //!    and attaches (writes its pid into its control block) before going on.
-//! 3. `arrivals`: every rank adds 1 if it shares the leader's host, `n + 1` otherwise. The sum tells how many have
+//! 3. `arrived/<rank>`: every rank marks its arrival (read only to name the absent ranks when the bootstrap times
+//!    out); then `arrivals`: every rank adds 1 if it shares the leader's host, `n + 1` otherwise. The sum tells how many have
 //!    arrived (`sum mod (n+1)` plus `sum div (n+1)`) and how many are remote; the rank whose add completes the count
 //!    writes `decision`: `shm` (all local, TCP not forced), `tcp-local` (all local, TCP forced) or `tcp`.
 //! 4. Everyone reads `decision`. Under `shm` every rank attached before its add, so the leader removes the
@@ -15,7 +16,7 @@
 //!    leader publishes its listening address under `tcp`, and the mesh is built peer to peer through the leader
 //!    (see `mesh`).
 //!
-//! Per rank: 3 or 4 requests (a 5th for the rank that decides), a few hundred bytes.
+//! Per rank: 4 or 5 requests (one more for the rank that decides), a few hundred bytes.
 
 use std::path::PathBuf;
 
@@ -42,6 +43,34 @@ fn store_err(comm: &str) -> impl FnOnce(StoreError) -> CommError + '_ {
         comm: comm.to_owned(),
         source,
     }
+}
+
+/// Reads `key`, waiting up to the timeout. A timeout becomes [`CommError::Timeout`] naming the ranks that
+/// `missing()` finds absent (called only on that path); other store errors stay store errors.
+fn get_or_name_missing(
+    store: &dyn Store,
+    key: &Key,
+    options: &CommOptions,
+    during: &str,
+    missing: impl FnOnce() -> Vec<usize>,
+) -> Result<Vec<u8>, CommError> {
+    match store.get(key, options.timeout) {
+        Ok(value) => Ok(value),
+        Err(StoreError::Timeout { .. }) => Err(CommError::Timeout {
+            comm: options.name.clone(),
+            missing: missing(),
+            after: options.timeout,
+            during: during.to_owned(),
+        }),
+        Err(source) => Err(store_err(&options.name)(source)),
+    }
+}
+
+/// The ranks of `0..n` that have not written `arrived/<rank>`: the ones a stuck bootstrap is waiting for.
+fn not_arrived(store: &dyn Store, name: &str, n: usize) -> Vec<usize> {
+    (0..n)
+        .filter(|&r| !matches!(store.try_get(&key(name, "arrived").push(r)), Ok(Some(_))))
+        .collect()
 }
 
 fn protocol(comm: &str, what: String) -> CommError {
@@ -163,9 +192,13 @@ pub(crate) fn connect(
             .map_err(store_err(name))?;
         (segment, true)
     } else {
-        let bytes = store
-            .get(&key(name, "leader"), timeout)
-            .map_err(store_err(name))?;
+        let bytes = get_or_name_missing(
+            store,
+            &key(name, "leader"),
+            options,
+            "bootstrap: waiting for rank 0's record",
+            || vec![0],
+        )?;
         let record = LeaderRecord::decode(name, &bytes)?;
         let local = record.identity == identity;
         let segment = match (&record.segment, local) {
@@ -181,7 +214,11 @@ pub(crate) fn connect(
         (segment, local)
     };
 
-    // 3: arrivals, and the decision by whoever completes them.
+    // 3: arrivals, and the decision by whoever completes them. `arrived/<rank>` is read only when the decision
+    // never comes, to name the ranks that did not arrive.
+    store
+        .set(&key(name, "arrived").push(me), b"")
+        .map_err(store_err(name))?;
     let weight = if local { 1 } else { n as i64 + 1 };
     let sum = store
         .add(&key(name, "arrivals"), weight)
@@ -199,9 +236,13 @@ pub(crate) fn connect(
     }
 
     // 4: everyone learns the decision.
-    let bytes = store
-        .get(&key(name, "decision"), timeout)
-        .map_err(store_err(name))?;
+    let bytes = get_or_name_missing(
+        store,
+        &key(name, "decision"),
+        options,
+        "bootstrap: waiting for every rank to arrive",
+        || not_arrived(store, name, n),
+    )?;
     match Decision::parse(name, &bytes)? {
         Decision::Shm => {
             let mut seg = segment.ok_or_else(|| {
@@ -240,9 +281,13 @@ pub(crate) fn connect(
                     .map_err(store_err(name))?;
                 None
             } else {
-                let bytes = store
-                    .get(&key(name, "tcp"), timeout)
-                    .map_err(store_err(name))?;
+                let bytes = get_or_name_missing(
+                    store,
+                    &key(name, "tcp"),
+                    options,
+                    "bootstrap: waiting for rank 0's address",
+                    || vec![0],
+                )?;
                 let text = String::from_utf8_lossy(&bytes);
                 Some(text.parse().map_err(|_| {
                     protocol(
