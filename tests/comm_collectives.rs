@@ -6,14 +6,10 @@ mod comm_support;
 
 use comm_support::checks::*;
 use comm_support::*;
-use hypercomm::comm::{Algorithm, CommOptions};
+use hypercomm::comm::CommOptions;
 
-/// Small per-round scratch so that even short buffers are cut into many pieces (pipelining is exercised).
-const SMALL_SCRATCH: usize = 256;
-const SIZES: [usize; 4] = [0, 1, 7, 1000];
-
-/// One world per (rank count, transport): every type and size on a pipelining-heavy communicator, all-reduce with
-/// each algorithm forced, and 1 MiB+ buffers with the default scratch.
+/// One world per (rank count, transport), running the whole matrix (see `full_matrix`) on a pipelining-heavy
+/// communicator.
 fn matrix(n: usize, tcp: bool) {
     let name = format!("matrix-{n}-{tcp}");
     on_threads(
@@ -22,37 +18,7 @@ fn matrix(n: usize, tcp: bool) {
             scratch_bytes: Some(SMALL_SCRATCH),
             ..options(&name, tcp)
         },
-        move |comm| {
-            for len in SIZES {
-                check_all_types(&comm, len);
-            }
-            for algorithm in [Algorithm::Latency, Algorithm::Bandwidth] {
-                let opts = CommOptions {
-                    algorithm,
-                    ..comm.options().clone()
-                };
-                let forced = comm.split_with(Some(0), 0, opts).unwrap().unwrap();
-                check_type::<f32>(&forced, 33);
-                check_type::<half::bf16>(&forced, 1000);
-                check_type::<i64>(&forced, 7);
-            }
-            // 1 MiB+ per rank (odd element count) with the default scratch: the bandwidth path in several pieces.
-            let opts = CommOptions {
-                scratch_bytes: None,
-                ..comm.options().clone()
-            };
-            let big = comm.split_with(Some(0), 0, opts).unwrap().unwrap();
-            big_buffers::<f32>(&big);
-            big_buffers::<f64>(&big);
-            big_buffers::<half::f16>(&big);
-            big_buffers::<half::bf16>(&big);
-            big_buffers::<i8>(&big);
-            big_buffers::<u8>(&big);
-            big_buffers::<i32>(&big);
-            big_buffers::<i64>(&big);
-            big_buffers::<u32>(&big);
-            big_buffers::<u64>(&big);
-        },
+        move |comm| full_matrix(&comm),
     );
 }
 

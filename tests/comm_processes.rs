@@ -29,8 +29,9 @@ fn rank_process() {
     let tcp = var("HC_TCP") == "1";
     let store = TcpStore::connect(var("HC_ADDR"), ClientOptions::default()).unwrap();
     let options = CommOptions {
-        timeout: Duration::from_secs(20),
+        timeout: Duration::from_secs(60),
         force_tcp: tcp,
+        scratch_bytes: (role == "matrix").then_some(SMALL_SCRATCH),
         ..CommOptions::named(role.clone())
     };
     let comm = Communicator::world(
@@ -52,6 +53,10 @@ fn rank_process() {
             big_buffers::<f32>(&comm);
             let child = comm.split(Some((rank % 2) as u32), 0).unwrap().unwrap();
             check_type::<u8>(&child, 7);
+            println!("rank {rank} ok");
+        }
+        "matrix" => {
+            full_matrix(&comm);
             println!("rank {rank} ok");
         }
         "kill" => {
@@ -125,6 +130,34 @@ fn shm_files_of(pids: &[u32]) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Runs `role` on `n` rank processes over a fresh store; requires every rank to succeed and no segment to remain.
+fn run_processes(role: &str, n: usize, tcp: bool) {
+    let server = TcpStoreServer::bind("127.0.0.1:0", ServerOptions::default()).unwrap();
+    let addr = server.local_addr().to_string();
+    let children: Vec<Child> = (0..n).map(|r| spawn(role, &addr, r, n, tcp)).collect();
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    for (r, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{role} n={n} tcp={tcp}: rank {r} failed"
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("rank {r} ok")));
+    }
+    assert_eq!(shm_files_of(&pids), Vec::<String>::new());
+}
+
+/// The whole collective matrix (every collective x type x reduction x size, forced algorithms, 1 MiB+ buffers) with
+/// ranks as processes: 1, 2, 3, 4 and 8 ranks, shared memory and TCP.
+#[test]
+fn processes_run_the_full_matrix() {
+    for n in [1, 2, 3, 4, 8] {
+        for tcp in [false, true] {
+            run_processes("matrix", n, tcp);
+        }
+    }
 }
 
 #[test]

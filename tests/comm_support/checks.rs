@@ -313,3 +313,45 @@ pub fn big_buffers<T: TestElem>(comm: &Communicator) {
         .unwrap();
     assert_close(&rs, &want, &format!("{} big reduce_scatter", T::DTYPE));
 }
+
+/// Small per-round scratch so that even short buffers are cut into many pieces (pipelining is exercised).
+pub const SMALL_SCRATCH: usize = 256;
+/// Element counts every collective and type is checked at: empty, one, odd, multi-piece.
+pub const SIZES: [usize; 4] = [0, 1, 7, 1000];
+
+/// The whole matrix on `comm` (best with `SMALL_SCRATCH`): every collective, type and reduction at `SIZES`;
+/// all-reduce with each algorithm forced; and 1 MiB+ buffers of every type with the default scratch.
+pub fn full_matrix(comm: &Communicator) {
+    for len in SIZES {
+        check_all_types(comm, len);
+    }
+    for algorithm in [
+        hypercomm::comm::Algorithm::Latency,
+        hypercomm::comm::Algorithm::Bandwidth,
+    ] {
+        let opts = hypercomm::comm::CommOptions {
+            algorithm,
+            ..comm.options().clone()
+        };
+        let forced = comm.split_with(Some(0), 0, opts).unwrap().unwrap();
+        check_type::<f32>(&forced, 33);
+        check_type::<half::bf16>(&forced, 1000);
+        check_type::<i64>(&forced, 7);
+    }
+    // 1 MiB+ per rank (odd element count) with the default scratch: the bandwidth path in several pieces.
+    let opts = hypercomm::comm::CommOptions {
+        scratch_bytes: None,
+        ..comm.options().clone()
+    };
+    let big = comm.split_with(Some(0), 0, opts).unwrap().unwrap();
+    big_buffers::<f32>(&big);
+    big_buffers::<f64>(&big);
+    big_buffers::<half::f16>(&big);
+    big_buffers::<half::bf16>(&big);
+    big_buffers::<i8>(&big);
+    big_buffers::<u8>(&big);
+    big_buffers::<i32>(&big);
+    big_buffers::<i64>(&big);
+    big_buffers::<u32>(&big);
+    big_buffers::<u64>(&big);
+}
