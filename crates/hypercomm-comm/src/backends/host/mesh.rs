@@ -24,8 +24,8 @@ pub(crate) struct Listening {
     pub advertised: SocketAddr,
 }
 
-/// Listens on loopback when every member shares this host, otherwise on all interfaces, advertising `host_addr`
-/// or the first non-loopback address this host's name resolves to.
+/// Listens on loopback when every member shares this host; otherwise on `host_addr` or, unset, the first
+/// non-loopback address this host's name resolves to, and advertises that address.
 pub(crate) fn listen(
     comm: &str,
     all_local: bool,
