@@ -11,6 +11,14 @@ pub enum CliError {
     /// The command ran and failed: exit status 1.
     #[error("{0}")]
     Failed(String),
+    /// The command ran a job that failed with its own status (1 to 255), passed on as ours.
+    #[error("{message}")]
+    Exit {
+        /// The status to exit with.
+        code: u8,
+        /// What failed.
+        message: String,
+    },
 }
 
 impl CliError {
@@ -19,6 +27,7 @@ impl CliError {
         match self {
             CliError::Usage(_) => ExitCode::from(2),
             CliError::Failed(_) => ExitCode::from(1),
+            CliError::Exit { code, .. } => ExitCode::from(*code),
         }
     }
 }

@@ -45,7 +45,7 @@ fn seconds(flag: &str, value: f64) -> Result<Duration, CliError> {
     })
 }
 
-/// Runs the job and fails with its summary when any rank failed.
+/// Runs the job; when a rank fails, prints the summary and exits with the job's status.
 pub fn run(args: Args) -> Result<(), CliError> {
     let Some((program, rest)) = args.command.split_first() else {
         return Err(CliError::Usage("no program given after --".into()));
@@ -70,6 +70,10 @@ pub fn run(args: Args) -> Result<(), CliError> {
         eprintln!("hypercomm launch: {}", report.summary());
         Ok(())
     } else {
-        Err(CliError::Failed(report.summary()))
+        // Like torchrun: the job's status (the first failing rank's, 124 on timeout, 128 + N on signal N).
+        Err(CliError::Exit {
+            code: u8::try_from(report.exit_code().clamp(1, 255)).unwrap_or(1),
+            message: report.summary(),
+        })
     }
 }
