@@ -20,7 +20,7 @@
 use std::ops::Range;
 
 use super::header::{Header, OpKind};
-use super::transport::{Consume, Round, Seg, Transport};
+use super::transport::{Consume, Peers, Round, Seg, Transport};
 use crate::CommError;
 use crate::element::{DType, ReduceOp};
 use crate::options::Algorithm;
@@ -148,14 +148,7 @@ fn all_reduce_latency(
             &[],
             buf,
             &mut |out, peers| {
-                let mut srcs = Vec::with_capacity(n);
-                for r in 0..n {
-                    srcs.push(if r == me {
-                        Src::Out
-                    } else {
-                        Src::Bytes(peers.get(r, 0..len)?)
-                    });
-                }
+                let srcs = sources(n, me, None, peers, |_| 0..len)?;
                 reduce(dtype, op, &srcs, &mut out[bytes.clone()], n).map_err(|f| fault(&comm, f))
             },
         )?;
@@ -206,14 +199,7 @@ fn all_reduce_bandwidth(
             }
             if let Some(c) = &cur {
                 let mine = scale(part(c.len(), n, me), s);
-                let mut srcs = Vec::with_capacity(n);
-                for r in 0..n {
-                    srcs.push(if r == me {
-                        Src::Out
-                    } else {
-                        Src::Bytes(peers.get(r, shift(mine.clone(), prev_len(r)))?)
-                    });
-                }
+                let srcs = sources(n, me, None, peers, |r| shift(mine.clone(), prev_len(r)))?;
                 let target = shift(mine, c.start * s);
                 reduce(dtype, op, &srcs, &mut out[target], n).map_err(|f| fault(&comm, f))?;
             }
@@ -288,19 +274,33 @@ pub(crate) fn reduce_to_root(
                 if me != root {
                     return Ok(());
                 }
-                let mut srcs = Vec::with_capacity(n);
-                for r in 0..n {
-                    srcs.push(match (r == me, input) {
-                        (true, Some(inp)) => Src::Bytes(&inp[bytes.clone()]),
-                        (true, None) => Src::Out,
-                        (false, _) => Src::Bytes(peers.get(r, 0..len)?),
-                    });
-                }
+                let own = input.map(|inp| &inp[bytes.clone()]);
+                let srcs = sources(n, me, own, peers, |_| 0..len)?;
                 reduce(dtype, op, &srcs, &mut out[bytes.clone()], n).map_err(|f| fault(&comm, f))
             },
         )?;
     }
     Ok(())
+}
+
+/// The operands of one reduction on rank `me` of `n`: its own contribution (`own`, or `None` when it already sits
+/// in the output) and each peer's publication bytes in `range(peer)`.
+fn sources<'a>(
+    n: usize,
+    me: usize,
+    own: Option<&'a [u8]>,
+    peers: &'a dyn Peers,
+    range: impl Fn(usize) -> Range<usize>,
+) -> Result<Vec<Src<'a>>, CommError> {
+    (0..n)
+        .map(|r| {
+            Ok(if r == me {
+                own.map_or(Src::Out, Src::Bytes)
+            } else {
+                Src::Bytes(peers.get(r, range(r))?)
+            })
+        })
+        .collect()
 }
 
 /// All-gather of `per_rank` bytes from each rank into `out` (`n * per_rank` bytes). `input: None` means in place:
@@ -380,14 +380,8 @@ pub(crate) fn reduce_scatter(
             input.unwrap_or(&[]),
             out,
             &mut |out, peers| {
-                let mut srcs = Vec::with_capacity(n);
-                for r in 0..n {
-                    srcs.push(match (r == me, input) {
-                        (true, Some(inp)) => Src::Bytes(&inp[shift(bytes.clone(), me * block)]),
-                        (true, None) => Src::Out,
-                        (false, _) => Src::Bytes(peers.get(r, me * len..(me + 1) * len)?),
-                    });
-                }
+                let own = input.map(|inp| &inp[shift(bytes.clone(), me * block)]);
+                let srcs = sources(n, me, own, peers, |_| me * len..(me + 1) * len)?;
                 let target = if input.is_some() {
                     bytes.clone()
                 } else {
