@@ -128,6 +128,22 @@ impl CommOptions {
         set
     }
 
+    /// These options with every NCCL knob unset: what the host half of a process group gets.
+    #[must_use]
+    pub fn without_nccl_knobs(&self) -> CommOptions {
+        CommOptions {
+            high_priority_stream: None,
+            cga_cluster_size: None,
+            min_ctas: None,
+            max_ctas: None,
+            net_name: None,
+            blocking: None,
+            split_share: None,
+            traffic_class: None,
+            ..self.clone()
+        }
+    }
+
     /// Checks the options against what `backend` implements.
     pub fn validate_for(&self, backend: BackendKind) -> Result<(), CommError> {
         match backend {
@@ -156,6 +172,27 @@ impl CommOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_nccl_knobs_clears_every_knob_and_keeps_the_rest() {
+        let all = CommOptions {
+            high_priority_stream: Some(true),
+            cga_cluster_size: Some(2),
+            min_ctas: Some(1),
+            max_ctas: Some(8),
+            net_name: Some("IB".into()),
+            blocking: Some(false),
+            split_share: Some(true),
+            traffic_class: Some(3),
+            force_tcp: true,
+            ..CommOptions::named("k")
+        };
+        assert_eq!(all.nccl_knobs_set().len(), 8);
+        let host = all.without_nccl_knobs();
+        assert!(host.nccl_knobs_set().is_empty());
+        assert!(host.validate_for(BackendKind::Host).is_ok());
+        assert_eq!((host.name.as_str(), host.force_tcp), ("k", true));
+    }
 
     #[test]
     fn host_rejects_every_nccl_knob_by_name() {

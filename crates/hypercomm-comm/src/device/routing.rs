@@ -186,21 +186,6 @@ impl<D: DeviceSide> std::fmt::Debug for ProcessGroup<D> {
     }
 }
 
-/// The options without the NCCL knobs (for the host half).
-fn host_options(options: &CommOptions) -> CommOptions {
-    CommOptions {
-        high_priority_stream: None,
-        cga_cluster_size: None,
-        min_ctas: None,
-        max_ctas: None,
-        net_name: None,
-        blocking: None,
-        split_share: None,
-        traffic_class: None,
-        ..options.clone()
-    }
-}
-
 /// The options without the host-only knobs, named `<name>/device` (for the device half).
 fn device_options(options: &CommOptions) -> CommOptions {
     CommOptions {
@@ -229,7 +214,7 @@ impl ProcessGroup<DeviceCommunicator> {
             Arc::clone(&store),
             ranks.clone(),
             me,
-            host_options(&options),
+            options.without_nccl_knobs(),
         )?;
         let device = match gpu {
             Some(gpu) => Some(DeviceCommunicator::new(
@@ -667,7 +652,7 @@ mod tests {
             min_ctas: Some(2),
             ..CommOptions::named("g")
         };
-        let h = host_options(&opts);
+        let h = opts.without_nccl_knobs();
         assert!(h.nccl_knobs_set().is_empty());
         assert!(h.force_tcp);
         assert!(h.validate_for(BackendKind::Host).is_ok());
