@@ -109,7 +109,12 @@ pub fn simulate_store_cost(
             members.clear();
             members.extend(group);
             // The group's id and index as its first member's collection would see them.
-            let (level, m) = membership_of(layout, kind, &members).map_err(layout_err)?;
+            let (level, m) = membership_of(layout, kind, &members)
+                .map_err(layout_err)?
+                .ok_or_else(|| CollectionError::Invalid {
+                    collection: name.to_owned(),
+                    what: format!("{kind} group {members:?} is not its first member's group"),
+                })?;
             let id = GroupId {
                 kind: kind.name().to_owned(),
                 level,
@@ -166,20 +171,18 @@ pub fn simulate_store_cost(
     })
 }
 
-/// The level and membership (as its first member sees it) of `members`, a group of `kind`.
+/// The level and membership (as its first member sees it) of `members`, a group of `kind`; `None` when the layout's
+/// direct computation disagrees with its enumeration (a bug the simulation must report, not paper over).
 fn membership_of(
     layout: &ParallelLayout,
     kind: GroupKind,
     members: &[usize],
-) -> Result<(usize, Membership), hypercomm_grid::layout::LayoutError> {
-    let all = layout.memberships(members[0], kind)?;
-    let level = all.iter().position(|m| m.members == members).unwrap_or(0);
-    let m = all.into_iter().nth(level).unwrap_or(Membership {
-        members: members.to_vec(),
-        index: 0,
-        group: 0,
-    });
-    Ok((level, m))
+) -> Result<Option<(usize, Membership)>, hypercomm_grid::layout::LayoutError> {
+    Ok(layout
+        .memberships(members[0], kind)?
+        .into_iter()
+        .enumerate()
+        .find(|(_, m)| m.members == members))
 }
 
 #[cfg(test)]
