@@ -162,9 +162,9 @@ fn fault_rank() {
         "large_kill_shm" | "large_kill_tcp" => {
             let big = || comm.all_reduce(vec![1.0f32; 1 << 22], ReduceOp::Sum);
             if me == victim {
-                let pending = big().unwrap();
-                std::thread::sleep(Duration::from_millis(20));
-                drop(pending);
+                // Enter the collective and die at once: on a quiet machine the whole 16 MiB all-reduce takes about
+                // 3.5 ms, so any delay here would let it complete before the kill lands.
+                let _pending = big().unwrap();
                 die(Signal::KILL);
             }
             let start = Instant::now();
