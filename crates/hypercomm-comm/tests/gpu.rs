@@ -181,26 +181,187 @@ fn two_communicators_on_two_streams_overlap() {
     let Some(gpu) = gpu_or_skip("overlap") else {
         return;
     };
+    // Two communicators over the same rank, as an all-gather group and its twin: each has its own stream, so an
+    // all-gather on one and a reduce-scatter on the other run at the same time. Timing events recorded on each
+    // stream right before and after its operation show the two intervals intersect; were the operations
+    // serialised (one stream, or one made to wait for the other), they would not.
     let a = single(&gpu, "ag", CommOptions::named("x"));
     let b = single(&gpu, "rs", CommOptions::named("x"));
+    assert_ne!(a.stream().cu_stream(), b.stream().cu_stream());
     let n = 64 << 20;
-    let (i1, o1) = (
-        gpu.alloc_zeros::<f32>(n).unwrap(),
-        gpu.alloc_zeros::<f32>(n).unwrap(),
-    );
-    let (i2, o2) = (
-        gpu.alloc_zeros::<f32>(n).unwrap(),
-        gpu.alloc_zeros::<f32>(n).unwrap(),
-    );
-    let t = std::time::Instant::now();
+    let alloc = || gpu.alloc_zeros::<f32>(n).unwrap();
+    let (i1, o1, i2, o2) = (alloc(), alloc(), alloc(), alloc());
+    let timing = || {
+        gpu.context()
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap()
+    };
+    let (origin, start_a, end_a, start_b, end_b) =
+        (timing(), timing(), timing(), timing(), timing());
+    origin.record(a.stream()).unwrap();
+    b.stream().wait(&origin).unwrap();
+    start_a.record(a.stream()).unwrap();
     let w1 = a.all_gather_into(i1, o1).unwrap();
+    end_a.record(a.stream()).unwrap();
+    start_b.record(b.stream()).unwrap();
     let w2 = b.reduce_scatter_into(i2, o2, ReduceOp::Sum).unwrap();
+    end_b.record(b.stream()).unwrap();
     w1.synchronize().unwrap();
     w2.synchronize().unwrap();
+    let at = |e: &cudarc::driver::CudaEvent| origin.elapsed_ms(e).unwrap();
+    let (sa, ea, sb, eb) = (at(&start_a), at(&end_a), at(&start_b), at(&end_b));
     eprintln!(
-        "overlap: both done in {:?} (compare with nsys for the overlap itself)",
-        t.elapsed()
+        "overlap: all_gather {sa:.3}..{ea:.3} ms, reduce_scatter {sb:.3}..{eb:.3} ms after the origin event"
     );
+    assert!(ea > sa && eb > sb, "each operation takes time");
+    assert!(
+        sb < ea && sa < eb,
+        "the operations did not overlap: all_gather {sa}..{ea} ms, reduce_scatter {sb}..{eb} ms"
+    );
+}
+
+#[test]
+fn results_reach_other_streams_through_buffer_events() {
+    let Some(gpu) = gpu_or_skip("buffer events") else {
+        return;
+    };
+    // The handle is waited on by an unrelated stream, never synchronised: the download (on the default stream)
+    // must still see the all-gather's output, through the write event the operation recorded on the buffer.
+    let comm = single(&gpu, "events", CommOptions::named("x"));
+    let other = gpu.context().new_stream().unwrap();
+    let n = 16 << 20;
+    let host: Vec<f32> = (0..n).map(|i| (i % 61) as f32).collect();
+    for round in 0..5 {
+        let input = gpu.upload(&host).unwrap();
+        let output = gpu.alloc_zeros::<f32>(n).unwrap();
+        let (_, output) = comm
+            .all_gather_into(input, output)
+            .unwrap()
+            .wait(&other)
+            .unwrap();
+        assert!(
+            output.download().unwrap() == host,
+            "round {round}: the download ran before the all-gather"
+        );
+    }
+}
+
+/// Two device handles for a two-rank communicator: two GPUs, or one GPU twice where NCCL allows several ranks on
+/// one device (2.30 or newer with `NCCL_MULTI_RANK_GPU_ENABLE=1`). `None`, after saying why, otherwise.
+fn two_ranks_or_skip(test: &str) -> Option<[Arc<Gpu>; 2]> {
+    let gpu = gpu_or_skip(test)?;
+    let runtime = Arc::clone(gpu.runtime());
+    if runtime.device_count() >= 2 {
+        return Some([gpu, Gpu::open(runtime, 1).unwrap()]);
+    }
+    let version = runtime.nccl().version();
+    let enabled = std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").is_ok_and(|v| v == "1");
+    if version >= nccl_sys::Version::new(2, 30, 0) && enabled {
+        return Some([Arc::clone(&gpu), gpu]);
+    }
+    eprintln!(
+        "{test}: skipping: two ranks need two GPUs, or one GPU with NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 \
+         (found {} device(s), nccl {version}, NCCL_MULTI_RANK_GPU_ENABLE {})",
+        runtime.device_count(),
+        if enabled { "set" } else { "unset" }
+    );
+    None
+}
+
+#[test]
+fn two_ranks_run_every_collective() {
+    let Some(gpus) = two_ranks_or_skip("two ranks") else {
+        return;
+    };
+    let store = Arc::new(MemoryStore::new());
+    let m = 1000usize;
+    let value = |x: usize| x as f32;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..2)
+            .map(|r| {
+                let gpu = Arc::clone(&gpus[r]);
+                let store = Arc::clone(&store);
+                scope.spawn(move || {
+                    let comm = DeviceCommunicator::new(
+                        Arc::clone(&gpu),
+                        store,
+                        vec![0, 1],
+                        r,
+                        CommOptions {
+                            timeout: Duration::from_secs(60),
+                            ..CommOptions::named("pair")
+                        },
+                    )
+                    .unwrap();
+                    let up = |v: Vec<f32>| gpu.upload(&v).unwrap();
+                    // all_reduce: (i % 61) + r summed over both ranks.
+                    let buf = up((0..m).map(|i| value(i % 61 + r)).collect());
+                    let buf = comm
+                        .all_reduce(buf, ReduceOp::Sum)
+                        .unwrap()
+                        .synchronize()
+                        .unwrap();
+                    let want: Vec<f32> = (0..m).map(|i| value(2 * (i % 61) + 1)).collect();
+                    assert_eq!(buf.download().unwrap(), want, "all_reduce on rank {r}");
+                    // broadcast from rank 1.
+                    let buf = up((0..m).map(|i| value(i + 7 * r)).collect());
+                    let buf = comm.broadcast(buf, 1).unwrap().synchronize().unwrap();
+                    let want: Vec<f32> = (0..m).map(|i| value(i + 7)).collect();
+                    assert_eq!(buf.download().unwrap(), want, "broadcast on rank {r}");
+                    // all_gather: rank p contributes p * 1000 + i.
+                    let input = up((0..m).map(|i| value(r * 1000 + i)).collect());
+                    let output = gpu.alloc_zeros::<f32>(2 * m).unwrap();
+                    let (_, out) = comm
+                        .all_gather_into(input, output)
+                        .unwrap()
+                        .synchronize()
+                        .unwrap();
+                    let want: Vec<f32> =
+                        (0..2 * m).map(|j| value((j / m) * 1000 + j % m)).collect();
+                    assert_eq!(out.download().unwrap(), want, "all_gather on rank {r}");
+                    // reduce_scatter: block b of rank p holds p + 10 * b + i; rank r receives block r summed.
+                    let input = up((0..2 * m)
+                        .map(|j| value(r + 10 * (j / m) + j % m))
+                        .collect());
+                    let output = gpu.alloc_zeros::<f32>(m).unwrap();
+                    let (_, out) = comm
+                        .reduce_scatter_into(input, output, ReduceOp::Sum)
+                        .unwrap()
+                        .synchronize()
+                        .unwrap();
+                    let want: Vec<f32> = (0..m).map(|i| value(1 + 2 * (10 * r + i))).collect();
+                    assert_eq!(out.download().unwrap(), want, "reduce_scatter on rank {r}");
+                    // all_to_all: block p of rank q holds 100 q + 10 p + i; rank r's block p comes from rank p.
+                    let input = up((0..2 * m)
+                        .map(|j| value(100 * r + 10 * (j / m) + j % m))
+                        .collect());
+                    let output = gpu.alloc_zeros::<f32>(2 * m).unwrap();
+                    let (_, out) = comm
+                        .all_to_all_into(input, output)
+                        .unwrap()
+                        .synchronize()
+                        .unwrap();
+                    let want: Vec<f32> = (0..2 * m)
+                        .map(|j| value(100 * (j / m) + 10 * r + j % m))
+                        .collect();
+                    assert_eq!(out.download().unwrap(), want, "all_to_all on rank {r}");
+                    // send / recv: rank 0 sends its pattern to rank 1.
+                    if r == 0 {
+                        let buf = up((0..m).map(|i| value(3 * i)).collect());
+                        let _ = comm.send(buf, 1).unwrap().synchronize().unwrap();
+                    } else {
+                        let buf = gpu.alloc_zeros::<f32>(m).unwrap();
+                        let buf = comm.recv(buf, 0).unwrap().synchronize().unwrap();
+                        let want: Vec<f32> = (0..m).map(|i| value(3 * i)).collect();
+                        assert_eq!(buf.download().unwrap(), want, "recv on rank 1");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a rank failed; its message is above");
+        }
+    });
 }
 
 #[test]

@@ -369,13 +369,13 @@ impl DeviceCommunicator {
         crate::checks::len(&self.options.name, what, got, expected)
     }
 
-    /// Enqueues `calls` (grouped when more than one), records an event, and wraps `value`.
-    fn issue<R>(
-        &self,
-        calls: &[Call],
-        value: R,
-        keep: Vec<DeviceBuffer<u8>>,
-    ) -> Result<DeviceWork<R>, CommError> {
+    /// Enqueues `calls` on this communicator's stream, as one NCCL group when there are several.
+    ///
+    /// Callers hold the cudarc guards of every buffer named in `calls` (from [`DeviceBuffer::read_ptr`] and
+    /// [`DeviceBuffer::write_ptr`]) until this returns: the guards record the buffers' read and write events when
+    /// they drop, and those events must come after the NCCL work, or a later reader on another stream, or the
+    /// buffer's own release, would not wait for it.
+    fn enqueue(&self, calls: &[Call]) -> Result<(), CommError> {
         let nccl = self.gpu.runtime().nccl();
         let stream = self.stream.cu_stream() as nccl_sys::sys::cudaStream_t;
         let pending = self.comm.with_handle(|h| {
@@ -388,7 +388,8 @@ impl DeviceCommunicator {
             for &call in calls {
                 // SAFETY: `h` is live and serialised by `with_handle`; `stream` belongs to this communicator's
                 // device; every address in `calls` comes from a buffer on this device that the caller checked
-                // is large enough and that `value`/`keep` hold until the work completes.
+                // is large enough, and whose guard the caller holds, and which the returned handle keeps until
+                // the work completes.
                 let p = unsafe { raw::enqueue(nccl, h, call, stream) }.map_err(err)?;
                 pending |= p == Progress::Pending;
             }
@@ -400,10 +401,17 @@ impl DeviceCommunicator {
         if pending {
             self.comm.wait_ready("enqueueing")?;
         }
+        Ok(())
+    }
+
+    /// Records the handle's event after everything enqueued so far on the stream, and wraps `value` (and the
+    /// staging buffers in `keep`, which must outlive the work).
+    fn finish<R>(&self, value: R, keep: Vec<DeviceBuffer<u8>>) -> Result<DeviceWork<R>, CommError> {
         let event = self.gpu.take_event()?;
-        event
-            .record(&self.stream)
-            .map_err(cuda_err(&self.options.name, "recording an event"))?;
+        if let Err(e) = event.record(&self.stream) {
+            self.gpu.return_event(event);
+            return Err(cuda_err(&self.options.name, "recording an event")(e));
+        }
         Ok(DeviceWork {
             value: Some(value),
             event: Some(event),
@@ -413,124 +421,117 @@ impl DeviceCommunicator {
         })
     }
 
-    /// The device address of `b` for use on this communicator's stream. Call sites hold the returned guard
-    /// until the call using the address is enqueued, so cudarc orders the stream after earlier writes and
-    /// records this use.
-    fn addr<'a, T: Element>(
-        &'a self,
-        b: &'a DeviceBuffer<T>,
-    ) -> (u64, cudarc::driver::SyncOnDrop<'a>) {
-        b.slice.device_ptr(&self.stream)
-    }
-
     /// All-reduce in place.
     pub fn all_reduce<T: Element>(
         &self,
-        buf: DeviceBuffer<T>,
+        mut buf: DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_device("buffer", &buf)?;
-        let call = {
-            let (p, _g) = self.addr(&buf);
-            Call::AllReduce {
+        let count = buf.len();
+        {
+            let (p, _g) = buf.write_ptr(&self.stream);
+            self.enqueue(&[Call::AllReduce {
                 send: p,
                 recv: p,
-                count: buf.len(),
+                count,
                 dtype: T::DTYPE,
                 op,
-            }
-        };
-        self.issue(&[call], buf, Vec::new())
+            }])?;
+        }
+        self.finish(buf, Vec::new())
     }
 
     /// All-reduce out of place; returns `(input, output)`.
     pub fn all_reduce_into<T: Element>(
         &self,
         input: DeviceBuffer<T>,
-        output: DeviceBuffer<T>,
+        mut output: DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
         self.check_device("input", &input)?;
         self.check_device("output", &output)?;
         self.check_len("all_reduce output", output.len(), input.len())?;
-        let call = {
-            let (s, _gs) = self.addr(&input);
-            let (r, _gr) = self.addr(&output);
-            Call::AllReduce {
+        {
+            let (s, _gs) = input.read_ptr(&self.stream);
+            let (r, _gr) = output.write_ptr(&self.stream);
+            self.enqueue(&[Call::AllReduce {
                 send: s,
                 recv: r,
                 count: input.len(),
                 dtype: T::DTYPE,
                 op,
-            }
-        };
-        self.issue(&[call], (input, output), Vec::new())
+            }])?;
+        }
+        self.finish((input, output), Vec::new())
     }
 
     /// Broadcast in place from `root`.
     pub fn broadcast<T: Element>(
         &self,
-        buf: DeviceBuffer<T>,
+        mut buf: DeviceBuffer<T>,
         root: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_device("buffer", &buf)?;
         self.check_root(root)?;
-        let call = {
-            let (p, _g) = self.addr(&buf);
-            Call::Broadcast {
+        let count = buf.len();
+        {
+            let (p, _g) = buf.write_ptr(&self.stream);
+            self.enqueue(&[Call::Broadcast {
                 send: p,
                 recv: p,
-                count: buf.len(),
+                count,
                 dtype: T::DTYPE,
                 root,
-            }
-        };
-        self.issue(&[call], buf, Vec::new())
+            }])?;
+        }
+        self.finish(buf, Vec::new())
     }
 
     /// Reduce in place to `root` (other ranks' buffers are left unchanged).
     pub fn reduce<T: Element>(
         &self,
-        buf: DeviceBuffer<T>,
+        mut buf: DeviceBuffer<T>,
         op: ReduceOp,
         root: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_device("buffer", &buf)?;
         self.check_root(root)?;
-        let call = {
-            let (p, _g) = self.addr(&buf);
-            Call::Reduce {
+        let count = buf.len();
+        {
+            let (p, _g) = buf.write_ptr(&self.stream);
+            self.enqueue(&[Call::Reduce {
                 send: p,
                 recv: p,
-                count: buf.len(),
+                count,
                 dtype: T::DTYPE,
                 op,
                 root,
-            }
-        };
-        self.issue(&[call], buf, Vec::new())
+            }])?;
+        }
+        self.finish(buf, Vec::new())
     }
 
     /// All-gather: `output` (`size() * input.len()`) receives every rank's `input` in rank order.
     pub fn all_gather_into<T: Element>(
         &self,
         input: DeviceBuffer<T>,
-        output: DeviceBuffer<T>,
+        mut output: DeviceBuffer<T>,
     ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
         self.check_device("input", &input)?;
         self.check_device("output", &output)?;
         self.check_len("all_gather output", output.len(), input.len() * self.size())?;
-        let call = {
-            let (s, _gs) = self.addr(&input);
-            let (r, _gr) = self.addr(&output);
-            Call::AllGather {
+        {
+            let (s, _gs) = input.read_ptr(&self.stream);
+            let (r, _gr) = output.write_ptr(&self.stream);
+            self.enqueue(&[Call::AllGather {
                 send: s,
                 recv: r,
                 count: input.len(),
                 dtype: T::DTYPE,
-            }
-        };
-        self.issue(&[call], (input, output), Vec::new())
+            }])?;
+        }
+        self.finish((input, output), Vec::new())
     }
 
     /// Reduce-scatter: `input` holds `size()` blocks of `output.len()`; `output` receives the reduction of every
@@ -538,7 +539,7 @@ impl DeviceCommunicator {
     pub fn reduce_scatter_into<T: Element>(
         &self,
         input: DeviceBuffer<T>,
-        output: DeviceBuffer<T>,
+        mut output: DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
         self.check_device("input", &input)?;
@@ -548,18 +549,19 @@ impl DeviceCommunicator {
             input.len(),
             output.len() * self.size(),
         )?;
-        let call = {
-            let (s, _gs) = self.addr(&input);
-            let (r, _gr) = self.addr(&output);
-            Call::ReduceScatter {
+        let count = output.len();
+        {
+            let (s, _gs) = input.read_ptr(&self.stream);
+            let (r, _gr) = output.write_ptr(&self.stream);
+            self.enqueue(&[Call::ReduceScatter {
                 send: s,
                 recv: r,
-                count: output.len(),
+                count,
                 dtype: T::DTYPE,
                 op,
-            }
-        };
-        self.issue(&[call], (input, output), Vec::new())
+            }])?;
+        }
+        self.finish((input, output), Vec::new())
     }
 
     /// All-to-all with equal blocks, as one NCCL group of sends and receives (works on every NCCL with
@@ -567,7 +569,7 @@ impl DeviceCommunicator {
     pub fn all_to_all_into<T: Element>(
         &self,
         input: DeviceBuffer<T>,
-        output: DeviceBuffer<T>,
+        mut output: DeviceBuffer<T>,
     ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
         self.check_device("input", &input)?;
         self.check_device("output", &output)?;
@@ -581,10 +583,10 @@ impl DeviceCommunicator {
         }
         let block = input.len() / n;
         let bytes = (block * T::DTYPE.size()) as u64;
-        let calls: Vec<Call> = {
-            let (s, _gs) = self.addr(&input);
-            let (r, _gr) = self.addr(&output);
-            (0..n)
+        {
+            let (s, _gs) = input.read_ptr(&self.stream);
+            let (r, _gr) = output.write_ptr(&self.stream);
+            let calls: Vec<Call> = (0..n)
                 .flat_map(|peer| {
                     let off = peer as u64 * bytes;
                     [
@@ -602,9 +604,10 @@ impl DeviceCommunicator {
                         },
                     ]
                 })
-                .collect()
-        };
-        self.issue(&calls, (input, output), Vec::new())
+                .collect();
+            self.enqueue(&calls)?;
+        }
+        self.finish((input, output), Vec::new())
     }
 
     /// Sends `buf` to `peer`.
@@ -615,36 +618,37 @@ impl DeviceCommunicator {
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_device("buffer", &buf)?;
         self.check_root(peer)?;
-        let call = {
-            let (p, _g) = self.addr(&buf);
-            Call::Send {
+        {
+            let (p, _g) = buf.read_ptr(&self.stream);
+            self.enqueue(&[Call::Send {
                 buf: p,
                 count: buf.len(),
                 dtype: T::DTYPE,
                 peer,
-            }
-        };
-        self.issue(&[call], buf, Vec::new())
+            }])?;
+        }
+        self.finish(buf, Vec::new())
     }
 
     /// Receives into `buf` from `peer`.
     pub fn recv<T: Element>(
         &self,
-        buf: DeviceBuffer<T>,
+        mut buf: DeviceBuffer<T>,
         peer: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_device("buffer", &buf)?;
         self.check_root(peer)?;
-        let call = {
-            let (p, _g) = self.addr(&buf);
-            Call::Recv {
+        let count = buf.len();
+        {
+            let (p, _g) = buf.write_ptr(&self.stream);
+            self.enqueue(&[Call::Recv {
                 buf: p,
-                count: buf.len(),
+                count,
                 dtype: T::DTYPE,
                 peer,
-            }
-        };
-        self.issue(&[call], buf, Vec::new())
+            }])?;
+        }
+        self.finish(buf, Vec::new())
     }
 
     /// All-reduce in place over the elements of `view` in `buf`. A contiguous view runs directly on its part of
@@ -652,7 +656,7 @@ impl DeviceCommunicator {
     /// the result always lands in the caller's elements.
     pub fn all_reduce_strided<T: Element>(
         &self,
-        buf: DeviceBuffer<T>,
+        mut buf: DeviceBuffer<T>,
         view: StridedLayout,
         op: ReduceOp,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
@@ -660,19 +664,19 @@ impl DeviceCommunicator {
         view.check_fits(buf.len())
             .map_err(|what| self.invalid(what))?;
         let width = T::DTYPE.size();
+        let reduce = |at: u64| Call::AllReduce {
+            send: at,
+            recv: at,
+            count: view.len(),
+            dtype: T::DTYPE,
+            op,
+        };
         if view.is_contiguous() {
-            let call = {
-                let (p, _g) = self.addr(&buf);
-                let at = p + (view.offset() * width) as u64;
-                Call::AllReduce {
-                    send: at,
-                    recv: at,
-                    count: view.len(),
-                    dtype: T::DTYPE,
-                    op,
-                }
-            };
-            return self.issue(&[call], buf, Vec::new());
+            {
+                let (p, _g) = buf.write_ptr(&self.stream);
+                self.enqueue(&[reduce(p + (view.offset() * width) as u64)])?;
+            }
+            return self.finish(buf, Vec::new());
         }
         let kernels = self.gpu.kernels()?;
         let mut staging = self.gpu.alloc_zeros::<u8>(view.len() * width)?;
@@ -687,7 +691,6 @@ impl DeviceCommunicator {
             view.row_stride() as u64,
         ];
         let cfg = launch_config(view.len());
-        let mut buf = buf;
         {
             let mut launch = self.stream.launch_builder(pack);
             launch.arg(&mut staging.slice).arg(&buf.slice);
@@ -699,29 +702,11 @@ impl DeviceCommunicator {
             unsafe { launch.launch(cfg) }
                 .map_err(cuda_err(&self.options.name, "launching pack"))?;
         }
-        let call = {
-            let (p, _g) = self.addr(&staging);
-            Call::AllReduce {
-                send: p,
-                recv: p,
-                count: view.len(),
-                dtype: T::DTYPE,
-                op,
-            }
-        };
-        // Enqueue the reduction on the staging buffer, then unpack; the event recorded after unpacking is the
-        // handle's, so waiting on it sees the caller's view updated.
-        let nccl = self.gpu.runtime().nccl();
-        let stream = self.stream.cu_stream() as nccl_sys::sys::cudaStream_t;
-        let pending = self.comm.with_handle(|h| {
-            // SAFETY: as in `issue`: `h` is live and serialised, the staging buffer holds `view.len()` elements
-            // and lives in the returned handle until the work completes.
-            let p = unsafe { raw::enqueue(nccl, h, call, stream) }
-                .map_err(|e| self.comm.error("enqueueing", e))?;
-            Ok(p == Progress::Pending)
-        })?;
-        if pending {
-            self.comm.wait_ready("enqueueing")?;
+        // Reduce the staging buffer, then unpack; the handle's event comes after the unpack, so waiting on it
+        // sees the caller's view updated.
+        {
+            let (p, _g) = staging.write_ptr(&self.stream);
+            self.enqueue(&[reduce(p)])?;
         }
         {
             let mut launch = self.stream.launch_builder(unpack);
@@ -734,7 +719,7 @@ impl DeviceCommunicator {
             unsafe { launch.launch(cfg) }
                 .map_err(cuda_err(&self.options.name, "launching unpack"))?;
         }
-        self.issue(&[], buf, vec![staging])
+        self.finish(buf, vec![staging])
     }
 
     /// Fills `buf` with the pattern `a * (i % 61) + b` on this communicator's stream (NVRTC kernel).

@@ -7,7 +7,10 @@
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    SyncOnDrop,
+};
 
 use super::probe::{DeviceRuntime, nvrtc_present};
 use crate::CommError;
@@ -311,6 +314,20 @@ impl<T: Element> DeviceBuffer<T> {
     /// The [`Gpu`] it lives on.
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
+    }
+
+    /// The device address for reading on `stream`: `stream` first waits for earlier writes to the buffer, and
+    /// the guard, when dropped, records a read event on `stream` (so later writers and the buffer's release wait
+    /// for everything enqueued before the drop). Hold it until the work using the address is enqueued.
+    pub(crate) fn read_ptr<'a>(&'a self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        self.slice.device_ptr(stream)
+    }
+
+    /// The device address for writing on `stream`: `stream` first waits for earlier reads and writes, and the
+    /// guard, when dropped, records a write event (so later readers wait too). Hold it until the work using the
+    /// address is enqueued.
+    pub(crate) fn write_ptr<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        self.slice.device_ptr_mut(stream)
     }
 
     /// Bytes used by the elements.
