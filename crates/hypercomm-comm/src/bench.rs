@@ -58,6 +58,27 @@ impl BenchOp {
         BenchOp::ALL.into_iter().find(|o| o.name() == name)
     }
 
+    /// Per-rank `f32` element counts `(input, output)` such that the buffer nccl-tests counts holds `bytes`
+    /// (rounded down to whole elements per rank) on `n` ranks; in-place operations have no output (0).
+    ///
+    /// ```
+    /// use hypercomm_comm::bench::BenchOp;
+    ///
+    /// assert_eq!(BenchOp::AllReduce.buffer_lens(4096, 4), (1024, 0));
+    /// assert_eq!(BenchOp::AllGather.buffer_lens(4096, 4), (256, 1024));
+    /// assert_eq!(BenchOp::ReduceScatter.buffer_lens(4096, 4), (1024, 256));
+    /// ```
+    pub fn buffer_lens(self, bytes: usize, n: usize) -> (usize, usize) {
+        let total = bytes / 4;
+        let n = n.max(1);
+        match self {
+            BenchOp::AllReduce | BenchOp::Broadcast | BenchOp::Reduce => (total, 0),
+            BenchOp::AllGather => (total / n, total / n * n),
+            BenchOp::ReduceScatter => (total / n * n, total / n),
+            BenchOp::AllToAll => (total / n * n, total / n * n),
+        }
+    }
+
     /// nccl-tests' bus-bandwidth factor for `n` ranks: all-reduce `2(n-1)/n`; all-gather, reduce-scatter and
     /// all-to-all `(n-1)/n`; broadcast and reduce 1.
     pub fn bus_factor(self, n: usize) -> f64 {
@@ -87,8 +108,37 @@ pub struct BenchResult {
     pub algbw_gbps: f64,
     /// `algbw * factor`, in GB/s.
     pub busbw_gbps: f64,
-    /// The transport used (`"shm"` or `"tcp"`).
+    /// The transport used (`"shm"` or `"tcp"` on the host backend, `"nccl"` on the device).
     pub transport: &'static str,
+}
+
+impl BenchResult {
+    /// The result for `op` on `ranks` ranks moving `elements` `f32`s (the larger of input and output) in
+    /// `time_us` per operation.
+    pub fn new(
+        op: BenchOp,
+        ranks: usize,
+        elements: usize,
+        time_us: f64,
+        transport: &'static str,
+    ) -> BenchResult {
+        let bytes = 4 * elements;
+        let algbw = if time_us > 0.0 {
+            bytes as f64 / (time_us * 1e3)
+        } else {
+            0.0
+        };
+        BenchResult {
+            op,
+            ranks,
+            bytes,
+            count: elements,
+            time_us,
+            algbw_gbps: algbw,
+            busbw_gbps: algbw * op.bus_factor(ranks),
+            transport,
+        }
+    }
 }
 
 /// What to measure.
@@ -106,7 +156,8 @@ pub struct BenchConfig {
     pub max_iters: usize,
 }
 
-fn iterations(bytes: usize, max: usize) -> usize {
+/// Timed iterations for a size: enough to move about 256 MiB, between 5 and `max`.
+pub(crate) fn iterations(bytes: usize, max: usize) -> usize {
     ((256usize << 20) / bytes.max(1)).clamp(5, max.max(5))
 }
 
@@ -168,14 +219,7 @@ fn measure(
 ) -> Result<BenchResult, CommError> {
     let n = comm.size();
     let op = config.op;
-    // Per-rank element counts such that the nccl-tests buffer size is `bytes`.
-    let total = bytes / 4;
-    let (input_len, output_len) = match op {
-        BenchOp::AllReduce | BenchOp::Broadcast | BenchOp::Reduce => (total, 0),
-        BenchOp::AllGather => (total / n, total / n * n),
-        BenchOp::ReduceScatter => (total / n * n, total / n),
-        BenchOp::AllToAll => (total / n * n, total / n * n),
-    };
+    let (input_len, output_len) = op.buffer_lens(bytes, n);
     let mut input = vec![1.0f32; input_len];
     let mut output = vec![0.0f32; output_len];
     let iters = iterations(bytes, config.max_iters);
@@ -209,23 +253,13 @@ fn measure(
         .get(times.len() / 2)
         .copied()
         .unwrap_or(Duration::ZERO);
-    let counted = 4 * input_len.max(output_len);
-    let time_us = median.as_secs_f64() * 1e6;
-    let algbw = if time_us > 0.0 {
-        counted as f64 / (time_us * 1e3)
-    } else {
-        0.0
-    };
-    Ok(BenchResult {
+    Ok(BenchResult::new(
         op,
-        ranks: n,
-        bytes: counted,
-        count: counted / 4,
-        time_us,
-        algbw_gbps: algbw,
-        busbw_gbps: algbw * op.bus_factor(n),
-        transport: comm.transport(),
-    })
+        n,
+        input_len.max(output_len),
+        median.as_secs_f64() * 1e6,
+        comm.transport(),
+    ))
 }
 
 #[cfg(test)]

@@ -8,10 +8,10 @@
 //! and compare them, so ranks that disagree about who is gone all get [`CommError::Mismatch`] instead of
 //! bootstrapping different member sets; then they bootstrap the child like any new communicator.
 //!
-//! NCCL backend (to be wired): call `ncclCommShrink(parent, exclude, n, &child, config, flags)` with
-//! `NCCL_SHRINK_ABORT` when the parent is broken (so NCCL first aborts its pending work) and
-//! `NCCL_SHRINK_DEFAULT` otherwise, then wrap `child` like a split child. The exclusion-list check below runs
-//! for every backend, before the backend is asked to do anything.
+//! The device backend has its own [`DeviceCommunicator::shrink`](crate::device::DeviceCommunicator::shrink):
+//! `ncclCommShrink` with `NCCL_SHRINK_ABORT` when asked to abort the parent's pending work first (after a
+//! failure) and `NCCL_SHRINK_DEFAULT` otherwise, the child wrapped like a split child. It has no store, so the
+//! survivors' exclusion lists are not compared there; NCCL requires them to be equal.
 
 use std::sync::Arc;
 

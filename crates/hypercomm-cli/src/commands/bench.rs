@@ -39,6 +39,12 @@ pub struct Args {
     /// on 8 ranks, by both bootstraps (store-keyed and split); prints the median build time per rank.
     #[arg(long)]
     collection: bool,
+    /// With --backend nccl: calls per batch when timing the host cost of one call against raw NCCL (0 skips it).
+    #[arg(long, default_value_t = 100)]
+    overhead_calls: usize,
+    /// With --backend nccl: batches of each side when timing the host cost of one call.
+    #[arg(long, default_value_t = 21)]
+    overhead_batches: usize,
     /// With --collection: how many times each strategy builds the collection.
     #[arg(long, default_value_t = 20)]
     repeats: usize,
@@ -104,26 +110,6 @@ pub fn run(args: Args) -> Result<(), CliError> {
     if args.collection {
         return run_collection(&args);
     }
-    match args.backend.as_str() {
-        "host" => {}
-        "nccl" => {
-            // The device bench needs a GPU; say exactly what is missing rather than fall back to the host.
-            let runtime =
-                hypercomm_comm::device::DeviceRuntime::probe_with_env(|n| std::env::var_os(n))
-                    .map_err(|e| CliError::Failed(format!("--backend nccl: {e}")))?;
-            return Err(CliError::Failed(format!(
-                "--backend nccl: found nccl {} and {} device(s), but the nccl bench loop is not written yet; \
-                 see docs/gpu-validation.md",
-                runtime.nccl().version(),
-                runtime.device_count()
-            )));
-        }
-        other => {
-            return Err(CliError::Usage(format!(
-                "backend {other:?} is not available; use host or nccl"
-            )));
-        }
-    }
     let op = BenchOp::from_name(&args.op).ok_or_else(|| {
         let names: Vec<_> = BenchOp::ALL.iter().map(|o| o.name()).collect();
         CliError::Usage(format!(
@@ -134,6 +120,15 @@ pub fn run(args: Args) -> Result<(), CliError> {
     })?;
     if args.ranks == 0 {
         return Err(CliError::Usage("-n must be at least 1".into()));
+    }
+    match args.backend.as_str() {
+        "host" => {}
+        "nccl" => return run_nccl(&args, op),
+        other => {
+            return Err(CliError::Usage(format!(
+                "backend {other:?} is not available; use host or nccl"
+            )));
+        }
     }
     let sizes = parse_sizes(&args.sizes)?;
     let config = BenchConfig {
@@ -157,15 +152,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
         "# busbw factor {:.3}; time is the median of each size's iterations",
         op.bus_factor(args.ranks)
     );
-    println!(
-        "{:>12} {:>11} {:>5} {:>11} {:>11} {:>11}",
-        "size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)"
-    );
-    let bar = indicatif::ProgressBar::new(sizes.len() as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {elapsed}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    print_table_header();
+    let bar = size_bar(sizes.len());
     let results = bench::run(&config, &|r| {
         bar.suspend(|| println!("{}", row(r)));
         bar.inc(1);
@@ -173,7 +161,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     .map_err(|e| CliError::Failed(e.to_string()))?;
     bar.finish_and_clear();
     if let Some(path) = &args.json {
-        write_json(path, &results)?;
+        write_json(path, "host", &results, None)?;
     }
     if let Some(path) = &args.plot {
         plot(path, &results)?;
@@ -181,7 +169,102 @@ pub fn run(args: Args) -> Result<(), CliError> {
     Ok(())
 }
 
-fn write_json(path: &Path, results: &[BenchResult]) -> Result<(), CliError> {
+fn print_table_header() {
+    println!(
+        "{:>12} {:>11} {:>5} {:>11} {:>11} {:>11}",
+        "size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)"
+    );
+}
+
+fn size_bar(sizes: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(sizes as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// `hypercomm bench --backend nccl`: the device benchmark, or the reason this machine cannot run it.
+fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
+    use hypercomm_comm::device::{DeviceRuntime, bench as device_bench};
+    if args.tcp {
+        return Err(CliError::Usage(
+            "--tcp is a host transport; the nccl backend picks its own".into(),
+        ));
+    }
+    let sizes = parse_sizes(&args.sizes)?;
+    // The device bench needs a GPU; say exactly what is missing rather than fall back to the host.
+    let runtime = DeviceRuntime::probe_with_env(|n| std::env::var_os(n))
+        .map_err(|e| CliError::Failed(format!("--backend nccl: {e}")))?;
+    let config = device_bench::DeviceBenchConfig {
+        op,
+        ranks: args.ranks,
+        sizes: sizes.clone(),
+        options: CommOptions {
+            timeout: Duration::from_secs(120),
+            ..CommOptions::named("bench")
+        },
+        max_iters: args.iters.max(1),
+        overhead_calls: args.overhead_calls,
+        overhead_batches: args.overhead_batches,
+        multi_rank_gpu_enabled: std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").is_ok_and(|v| v == "1"),
+    };
+    println!(
+        "# hypercomm bench: {} on {} ranks (threads in one process), backend nccl {} ({})",
+        op.name(),
+        args.ranks,
+        runtime.nccl().version(),
+        runtime.nccl().origin()
+    );
+    println!(
+        "# busbw factor {:.3}; time is the median over 5 batches of the mean per operation (cuda events)",
+        op.bus_factor(args.ranks)
+    );
+    print_table_header();
+    let bar = size_bar(sizes.len());
+    let report = device_bench::run(runtime, &config, &|r| {
+        bar.suspend(|| println!("{}", row(r)));
+        bar.inc(1);
+    })
+    .map_err(|e| CliError::Failed(format!("--backend nccl: {e}")))?;
+    bar.finish_and_clear();
+    println!("# ranks on devices {:?}", report.devices);
+    if let Some(o) = &report.overhead {
+        println!(
+            "# host time per call, {} B in-place all_reduce, median of {} batches of {} calls:",
+            device_bench::OVERHEAD_BYTES,
+            o.batches,
+            o.calls
+        );
+        println!(
+            "#   ncclAllReduce directly {:.0} ns, hypercomm all_reduce + wait {:.0} ns, extra {:.0} ns (target < 2000)",
+            o.raw_ns,
+            o.hypercomm_ns,
+            o.extra_ns()
+        );
+    }
+    if let Some(path) = &args.json {
+        let overhead = report.overhead.as_ref().map(|o| {
+            serde_json::json!({
+                "bytes": device_bench::OVERHEAD_BYTES, "calls": o.calls, "batches": o.batches,
+                "raw_ns": o.raw_ns, "hypercomm_ns": o.hypercomm_ns, "extra_ns": o.extra_ns(),
+            })
+        });
+        write_json(path, "nccl", &report.results, overhead)?;
+    }
+    if let Some(path) = &args.plot {
+        plot(path, &report.results)?;
+    }
+    Ok(())
+}
+
+fn write_json(
+    path: &Path,
+    backend: &str,
+    results: &[BenchResult],
+    overhead: Option<serde_json::Value>,
+) -> Result<(), CliError> {
     let rows: Vec<_> = results
         .iter()
         .map(|r| {
@@ -191,7 +274,11 @@ fn write_json(path: &Path, results: &[BenchResult]) -> Result<(), CliError> {
             })
         })
         .collect();
-    let text = serde_json::to_string_pretty(&serde_json::json!({ "results": rows }))
+    let mut doc = serde_json::json!({ "backend": backend, "results": rows });
+    if let Some(o) = overhead {
+        doc["overhead"] = o;
+    }
+    let text = serde_json::to_string_pretty(&doc)
         .map_err(|e| CliError::Failed(format!("cannot encode results: {e}")))?;
     std::fs::write(path, text)
         .map_err(|e| CliError::Failed(format!("cannot write {}: {e}", path.display())))
@@ -203,7 +290,7 @@ fn plot(path: &Path, results: &[BenchResult]) -> Result<(), CliError> {
         return Err(CliError::Failed("no results to plot".into()));
     };
     let title = format!(
-        "hypercomm host {} busbw, {} ranks ({})",
+        "hypercomm {} busbw, {} ranks ({})",
         first.op.name(),
         first.ranks,
         first.transport

@@ -8,7 +8,9 @@
 //!    communicator; every NCCL knob of the options is honoured or refused by name.
 //! 4. Issue collectives; each returns a [`DeviceWork`] whose `wait(stream)` orders a stream after it and whose
 //!    `synchronize()` blocks the CPU. Strided views ([`StridedLayout`]) are packed and unpacked by kernels.
-//! 5. Or hold both in a [`ProcessGroup`], which sends host buffers to the host communicator and device buffers to
+//! 5. Measure with [`bench`] (`hypercomm bench --backend nccl`): bandwidth per size, and the host time each
+//!    call costs against calling NCCL directly.
+//! 6. Or hold both in a [`ProcessGroup`], which sends host buffers to the host communicator and device buffers to
 //!    NCCL (PyTorch's `cpu:gloo,cuda:nccl`).
 //!
 //! What has run where: the translation, probing, routing and layout logic is tested on machines without a GPU;
@@ -19,6 +21,7 @@ mod layout;
 mod routing;
 
 pub use crate::backends::nccl::DeviceRuntime;
+pub use crate::backends::nccl::bench;
 pub use crate::backends::nccl::communicator::{DeviceCommunicator, DeviceInOut, DeviceWork};
 pub use crate::backends::nccl::gpu::{DeviceBuffer, Gpu};
 pub use crate::backends::nccl::probe::{DriverInfo, MIN_DRIVER_VERSION};

@@ -48,6 +48,8 @@ impl std::fmt::Debug for DeviceCommunicator {
 pub struct DeviceWork<R> {
     value: Option<R>,
     event: Option<CudaEvent>,
+    /// The stream the operation was enqueued on.
+    stream: Arc<CudaStream>,
     comm: Arc<NcclComm>,
     gpu: Arc<Gpu>,
     /// Staging buffers that must outlive the operation.
@@ -56,9 +58,13 @@ pub struct DeviceWork<R> {
 
 impl<R> DeviceWork<R> {
     /// Makes `stream` wait for the operation (no CPU block) and gives the buffers back. Work enqueued on
-    /// `stream` afterwards sees the result.
+    /// `stream` afterwards sees the result. On the communicator's own stream this costs nothing: the stream
+    /// already runs in order.
     pub fn wait(mut self, stream: &CudaStream) -> Result<R, CommError> {
         self.fail_if_broken()?;
+        if stream.cu_stream() == self.stream.cu_stream() {
+            return self.take();
+        }
         if let Some(event) = &self.event {
             stream.wait(event).map_err(cuda_err(
                 &self.comm.name,
@@ -209,6 +215,11 @@ impl DeviceCommunicator {
     /// The stream every operation of this communicator runs on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The NCCL communicator itself (for the benchmark's raw-call baseline).
+    pub(crate) fn nccl_comm(&self) -> &NcclComm {
+        &self.comm
     }
 
     /// The options it was created with.
@@ -415,6 +426,7 @@ impl DeviceCommunicator {
         Ok(DeviceWork {
             value: Some(value),
             event: Some(event),
+            stream: Arc::clone(&self.stream),
             comm: Arc::clone(&self.comm),
             gpu: Arc::clone(&self.gpu),
             _keep: keep,

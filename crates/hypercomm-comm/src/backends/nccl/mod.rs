@@ -13,6 +13,7 @@
 //! 4. Collectives return [`communicator::DeviceWork`]: `wait(stream)` orders a stream after it,
 //!    `synchronize()` blocks.
 
+pub mod bench;
 pub(crate) mod comm;
 pub(crate) mod communicator;
 pub(crate) mod config;

@@ -1,0 +1,131 @@
+//! `hypercomm bench` end to end: the host table and JSON, usage errors, and the nccl backend (which runs where a
+//! GPU is and otherwise says what is missing).
+
+use std::process::{Command, Output};
+
+fn hypercomm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hypercomm"))
+        .args(args)
+        .output()
+        .expect("the hypercomm binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("hypercomm-cli-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn host_bench_prints_a_row_per_size_and_writes_json_and_a_plot() {
+    let json = scratch("host.json");
+    let svg = scratch("host.svg");
+    let out = hypercomm(&[
+        "bench",
+        "-n",
+        "2",
+        "--op",
+        "all_gather",
+        "--sizes",
+        "64B:256B",
+        "--iters",
+        "5",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(rows[0].contains("busbw(GB/s)"), "{stdout}");
+    let sizes: Vec<&str> = rows[1..]
+        .iter()
+        .filter_map(|r| r.split_whitespace().next())
+        .collect();
+    assert_eq!(sizes, ["64", "128", "256"], "{stdout}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["backend"], "host");
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[2]["bytes"], 256);
+    assert_eq!(results[2]["op"], "all_gather");
+    assert!(
+        results
+            .iter()
+            .all(|r| r["busbw_GBps"].as_f64().unwrap() > 0.0)
+    );
+    assert!(
+        doc.get("overhead").is_none(),
+        "the host bench has no raw-call baseline"
+    );
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+}
+
+#[test]
+fn bad_arguments_exit_with_status_2_and_say_which() {
+    for (args, needle) in [
+        (
+            vec!["bench", "--op", "all_sum"],
+            "op \"all_sum\" is not one of",
+        ),
+        (vec!["bench", "--sizes", "64:8"], "MIN:MAX"),
+        (vec!["bench", "--sizes", "8XB"], "unknown unit"),
+        (vec!["bench", "-n", "0"], "-n must be at least 1"),
+        (
+            vec!["bench", "--backend", "mpi"],
+            "backend \"mpi\" is not available",
+        ),
+        (
+            vec!["bench", "--backend", "nccl", "--tcp"],
+            "--tcp is a host transport",
+        ),
+    ] {
+        let out = hypercomm(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn nccl_bench_runs_on_a_gpu_or_says_what_is_missing() {
+    let json = scratch("nccl.json");
+    let out = hypercomm(&[
+        "bench",
+        "--backend",
+        "nccl",
+        "-n",
+        "1",
+        "--sizes",
+        "8B:1KiB",
+        "--iters",
+        "20",
+        "--overhead-calls",
+        "20",
+        "--overhead-batches",
+        "3",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    if out.status.code() == Some(1) && stderr.contains("unavailable") {
+        assert!(stderr.contains("--backend nccl: "), "{stderr}");
+        eprintln!("skipping the device run: {}", stderr.trim());
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["backend"], "nccl");
+    assert_eq!(doc["results"].as_array().unwrap().len(), 8);
+    let overhead = &doc["overhead"];
+    assert!(overhead["raw_ns"].as_f64().unwrap() > 0.0, "{doc}");
+    assert!(overhead["hypercomm_ns"].as_f64().unwrap() > 0.0, "{doc}");
+    eprintln!("{}", text(&out.stdout));
+}

@@ -1,0 +1,486 @@
+//! The device benchmark behind `hypercomm bench --backend nccl`.
+//!
+//! Two measurements:
+//!
+//! - **Bandwidth**, nccl-tests style: per size, operations enqueued back to back on the communicator's stream
+//!   and timed with CUDA events around each batch; the time is the median of the batches' per-operation means,
+//!   and bandwidth follows [`BenchOp::bus_factor`] as on the host.
+//! - **Host overhead per call**: the CPU time to issue one small in-place `f32` all-reduce through
+//!   [`DeviceCommunicator::all_reduce`] (and take the buffer back with `wait` on the communicator's own
+//!   stream), against calling `ncclAllReduce` directly on the same communicator, stream and buffer. Batches of
+//!   each alternate, the stream is drained between batches (untimed), and each side reports the median over
+//!   batches of its per-call time. The difference is what hypercomm adds: its locks, the buffer's stream
+//!   events (cudarc's tracking) and the handle's pooled event.
+//!
+//! Ranks are threads of this process, one [`Gpu`] per device; more ranks than devices needs NCCL 2.30 or
+//! newer with `NCCL_MULTI_RANK_GPU_ENABLE=1` (see [`placement`]).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::CudaEvent;
+use cudarc::driver::sys::CUevent_flags;
+use hypercomm_store::MemoryStore;
+use nccl_sys::{Function, Version, sys};
+
+use super::communicator::DeviceCommunicator;
+use super::gpu::{DeviceBuffer, Gpu, cuda_err};
+use super::probe::DeviceRuntime;
+use crate::bench::{BenchOp, BenchResult, iterations};
+use crate::{CommError, CommOptions, ReduceOp};
+
+/// The first NCCL release that runs several ranks of one communicator on one GPU (with
+/// `NCCL_MULTI_RANK_GPU_ENABLE=1`).
+pub const MULTI_RANK_GPU_VERSION: Version = Version::new(2, 30, 0);
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct DeviceBenchConfig {
+    /// The collective.
+    pub op: BenchOp,
+    /// Rank count (threads of this process).
+    pub ranks: usize,
+    /// Buffer sizes in bytes, counted as nccl-tests does (see [`BenchOp::buffer_lens`]).
+    pub sizes: Vec<usize>,
+    /// Options of the communicator (its name is used as given).
+    pub options: CommOptions,
+    /// Most timed operations per size (large sizes use fewer, at least 5).
+    pub max_iters: usize,
+    /// Calls per batch of the host-overhead measurement; 0 skips it.
+    pub overhead_calls: usize,
+    /// Batches of each side in the host-overhead measurement.
+    pub overhead_batches: usize,
+    /// Whether `NCCL_MULTI_RANK_GPU_ENABLE=1` is set (read by the caller from the environment).
+    pub multi_rank_gpu_enabled: bool,
+}
+
+/// Bytes of the all-reduce the host-overhead measurement issues (two `f32`s: the smallest useful call).
+pub const OVERHEAD_BYTES: usize = 8;
+
+/// The host-overhead measurement: medians over batches of the CPU time one call takes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OverheadResult {
+    /// Calls per batch.
+    pub calls: usize,
+    /// Batches of each side.
+    pub batches: usize,
+    /// Median per-call time of `ncclAllReduce` called directly, in nanoseconds.
+    pub raw_ns: f64,
+    /// Median per-call time of [`DeviceCommunicator::all_reduce`] plus `wait` on its stream, in nanoseconds.
+    pub hypercomm_ns: f64,
+}
+
+impl OverheadResult {
+    /// What hypercomm adds per call, in nanoseconds (negative when noise favours it).
+    pub fn extra_ns(&self) -> f64 {
+        self.hypercomm_ns - self.raw_ns
+    }
+}
+
+/// Everything one run measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceBenchReport {
+    /// NCCL's version.
+    pub nccl: Version,
+    /// The device ordinal of each rank.
+    pub devices: Vec<usize>,
+    /// One result per size (rank 0's timing).
+    pub results: Vec<BenchResult>,
+    /// The host overhead, unless `overhead_calls` was 0.
+    pub overhead: Option<OverheadResult>,
+}
+
+/// The device of each of `ranks` ranks given `devices` visible devices: one rank per device where there are
+/// enough, otherwise round-robin, which NCCL allows only from [`MULTI_RANK_GPU_VERSION`] with
+/// `NCCL_MULTI_RANK_GPU_ENABLE=1`. The error says which condition is missing.
+///
+/// ```
+/// use hypercomm_comm::device::bench::placement;
+/// use nccl_sys::Version;
+///
+/// assert_eq!(placement(2, 8, Version::new(2, 28, 9), false), Ok(vec![0, 1]));
+/// assert_eq!(placement(3, 1, Version::new(2, 30, 0), true), Ok(vec![0, 0, 0]));
+/// assert!(placement(2, 1, Version::new(2, 28, 9), true).is_err());
+/// ```
+pub fn placement(
+    ranks: usize,
+    devices: usize,
+    nccl: Version,
+    multi_rank_gpu_enabled: bool,
+) -> Result<Vec<usize>, String> {
+    if ranks == 0 {
+        return Err("a benchmark needs at least one rank".into());
+    }
+    if devices == 0 {
+        return Err("no cuda device is visible".into());
+    }
+    if ranks <= devices {
+        return Ok((0..ranks).collect());
+    }
+    if nccl < MULTI_RANK_GPU_VERSION {
+        return Err(format!(
+            "{ranks} ranks on {devices} device(s) need several ranks per gpu, which needs nccl >= \
+             {MULTI_RANK_GPU_VERSION}; the loaded nccl is {nccl}"
+        ));
+    }
+    if !multi_rank_gpu_enabled {
+        return Err(format!(
+            "{ranks} ranks on {devices} device(s) need several ranks per gpu: set NCCL_MULTI_RANK_GPU_ENABLE=1"
+        ));
+    }
+    Ok((0..ranks).map(|r| r % devices).collect())
+}
+
+/// The median of `values` (the upper one of an even count); 0 for none.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Runs the benchmark on `runtime`'s devices; `progress` is called with each size's result (rank 0's).
+pub fn run(
+    runtime: Arc<DeviceRuntime>,
+    config: &DeviceBenchConfig,
+    progress: &(dyn Fn(&BenchResult) + Sync),
+) -> Result<DeviceBenchReport, CommError> {
+    let nccl = runtime.nccl().version();
+    let devices = placement(
+        config.ranks,
+        runtime.device_count(),
+        nccl,
+        config.multi_rank_gpu_enabled,
+    )
+    .map_err(|why| CommError::Unavailable {
+        what: format!("a {}-rank device benchmark", config.ranks),
+        why,
+    })?;
+    let mut gpus: Vec<Arc<Gpu>> = Vec::new();
+    for ordinal in 0..runtime.device_count().min(config.ranks) {
+        gpus.push(Gpu::open(Arc::clone(&runtime), ordinal)?);
+    }
+    let store = Arc::new(MemoryStore::new());
+    let members: Vec<usize> = (0..config.ranks).collect();
+    let outcomes: Vec<Result<RankReport, CommError>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = devices
+            .iter()
+            .enumerate()
+            .map(|(me, &ordinal)| {
+                let gpu = Arc::clone(&gpus[ordinal]);
+                let store = Arc::clone(&store);
+                let members = members.clone();
+                scope.spawn(move || -> Result<RankReport, CommError> {
+                    let comm =
+                        DeviceCommunicator::new(gpu, store, members, me, config.options.clone())?;
+                    rank_main(&comm, config, if me == 0 { Some(progress) } else { None })
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .enumerate()
+            .map(|(me, t)| {
+                t.join().unwrap_or_else(|_| {
+                    Err(CommError::InvalidArgument {
+                        comm: config.options.name.clone(),
+                        what: format!("benchmark rank {me} panicked"),
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut first = None;
+    for outcome in outcomes {
+        let report = outcome?;
+        first.get_or_insert(report);
+    }
+    let report = first.ok_or_else(|| CommError::InvalidArgument {
+        comm: config.options.name.clone(),
+        what: "no rank ran".into(),
+    })?;
+    Ok(DeviceBenchReport {
+        nccl,
+        devices,
+        results: report.results,
+        overhead: report.overhead,
+    })
+}
+
+struct RankReport {
+    results: Vec<BenchResult>,
+    overhead: Option<OverheadResult>,
+}
+
+fn rank_main(
+    comm: &DeviceCommunicator,
+    config: &DeviceBenchConfig,
+    progress: Option<&(dyn Fn(&BenchResult) + Sync)>,
+) -> Result<RankReport, CommError> {
+    let mut results = Vec::with_capacity(config.sizes.len());
+    for &bytes in &config.sizes {
+        let r = measure_size(comm, config, bytes)?;
+        if let Some(p) = progress {
+            p(&r);
+        }
+        results.push(r);
+    }
+    let overhead = if config.overhead_calls == 0 {
+        None
+    } else {
+        Some(measure_overhead(
+            comm,
+            config.overhead_calls,
+            config.overhead_batches.max(1),
+        )?)
+    };
+    Ok(RankReport { results, overhead })
+}
+
+/// An operation's two buffers; in-place operations leave `output` alone.
+struct Buffers {
+    input: DeviceBuffer<f32>,
+    output: DeviceBuffer<f32>,
+}
+
+/// Enqueues one `op` and takes the buffers back ordered on the communicator's stream (no CPU block).
+fn enqueue_op(comm: &DeviceCommunicator, op: BenchOp, b: Buffers) -> Result<Buffers, CommError> {
+    let s = comm.stream();
+    let Buffers { input, output } = b;
+    let (input, output) = match op {
+        BenchOp::AllReduce => (comm.all_reduce(input, ReduceOp::Sum)?.wait(s)?, output),
+        BenchOp::Broadcast => (comm.broadcast(input, 0)?.wait(s)?, output),
+        BenchOp::Reduce => (comm.reduce(input, ReduceOp::Sum, 0)?.wait(s)?, output),
+        BenchOp::AllGather => comm.all_gather_into(input, output)?.wait(s)?,
+        BenchOp::ReduceScatter => comm
+            .reduce_scatter_into(input, output, ReduceOp::Sum)?
+            .wait(s)?,
+        BenchOp::AllToAll => comm.all_to_all_into(input, output)?.wait(s)?,
+    };
+    Ok(Buffers { input, output })
+}
+
+fn timing_event(comm: &DeviceCommunicator) -> Result<CudaEvent, CommError> {
+    comm.gpu()
+        .context()
+        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(cuda_err(comm.name(), "creating a timing event"))
+}
+
+/// Batches per size in the bandwidth measurement.
+const BATCHES: usize = 5;
+
+fn measure_size(
+    comm: &DeviceCommunicator,
+    config: &DeviceBenchConfig,
+    bytes: usize,
+) -> Result<BenchResult, CommError> {
+    let n = comm.size();
+    let op = config.op;
+    let (input_len, output_len) = op.buffer_lens(bytes, n);
+    let gpu = comm.gpu();
+    let mut bufs = Buffers {
+        input: gpu.alloc_zeros::<f32>(input_len)?,
+        output: gpu.alloc_zeros::<f32>(output_len)?,
+    };
+    let iters = iterations(bytes, config.max_iters);
+    let per_batch = iters.div_ceil(BATCHES).max(1);
+    let (start, end) = (timing_event(comm)?, timing_event(comm)?);
+    let cuda = |what| cuda_err(comm.name(), what);
+    for _ in 0..2.max(iters / 10) {
+        bufs = enqueue_op(comm, op, bufs)?;
+    }
+    let mut per_op_us = Vec::with_capacity(BATCHES);
+    for _ in 0..BATCHES {
+        start.record(comm.stream()).map_err(cuda("recording"))?;
+        for _ in 0..per_batch {
+            bufs = enqueue_op(comm, op, bufs)?;
+        }
+        end.record(comm.stream()).map_err(cuda("recording"))?;
+        wait_for(comm, &end)?;
+        let ms = start.elapsed_ms(&end).map_err(cuda("reading a timer"))?;
+        per_op_us.push(f64::from(ms) * 1e3 / per_batch as f64);
+    }
+    Ok(BenchResult::new(
+        op,
+        n,
+        input_len.max(output_len),
+        median(per_op_us),
+        "nccl",
+    ))
+}
+
+/// Waits for `event` without hanging: polls it and NCCL's asynchronous errors until the communicator's
+/// timeout, as work handles do.
+fn wait_for(comm: &DeviceCommunicator, event: &CudaEvent) -> Result<(), CommError> {
+    let deadline = Instant::now() + comm.options().timeout;
+    let mut pause = Duration::from_micros(1);
+    // Bounded by the deadline.
+    loop {
+        let done = event
+            .try_is_complete()
+            .map_err(cuda_err(comm.name(), "querying an event"))?;
+        comm.check()?;
+        if done {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            comm.abort();
+            return Err(CommError::Timeout {
+                comm: comm.name().to_owned(),
+                missing: Vec::new(),
+                after: comm.options().timeout,
+                during: "waiting for benchmark work; the nccl communicator was aborted".into(),
+            });
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_micros(200));
+    }
+}
+
+fn measure_overhead(
+    comm: &DeviceCommunicator,
+    calls: usize,
+    batches: usize,
+) -> Result<OverheadResult, CommError> {
+    let count = OVERHEAD_BYTES / 4;
+    let mut buf = comm.gpu().alloc_zeros::<f32>(count)?;
+    let drained = timing_event(comm)?;
+    let drain = |comm: &DeviceCommunicator| -> Result<(), CommError> {
+        drained
+            .record(comm.stream())
+            .map_err(cuda_err(comm.name(), "recording"))?;
+        wait_for(comm, &drained)
+    };
+    // Warm up both paths (NCCL connects lazily on the first call).
+    for _ in 0..2 {
+        raw_batch(comm, &mut buf, calls)?;
+        drain(comm)?;
+        buf = hypercomm_batch(comm, buf, calls)?.0;
+        drain(comm)?;
+    }
+    let (mut raw, mut ours) = (Vec::with_capacity(batches), Vec::with_capacity(batches));
+    for _ in 0..batches {
+        let t = raw_batch(comm, &mut buf, calls)?;
+        raw.push(t.as_secs_f64() * 1e9 / calls as f64);
+        drain(comm)?;
+        let (b, t) = hypercomm_batch(comm, buf, calls)?;
+        buf = b;
+        ours.push(t.as_secs_f64() * 1e9 / calls as f64);
+        drain(comm)?;
+    }
+    Ok(OverheadResult {
+        calls,
+        batches,
+        raw_ns: median(raw),
+        hypercomm_ns: median(ours),
+    })
+}
+
+/// `calls` in-place sum all-reduces of `buf` through hypercomm; returns the buffer and the CPU time taken.
+fn hypercomm_batch(
+    comm: &DeviceCommunicator,
+    mut buf: DeviceBuffer<f32>,
+    calls: usize,
+) -> Result<(DeviceBuffer<f32>, Duration), CommError> {
+    let start = Instant::now();
+    for _ in 0..calls {
+        buf = comm.all_reduce(buf, ReduceOp::Sum)?.wait(comm.stream())?;
+    }
+    Ok((buf, start.elapsed()))
+}
+
+/// `calls` in-place sum all-reduces of `buf` with `ncclAllReduce` called directly (one lock for the batch);
+/// returns the CPU time the calls took.
+fn raw_batch(
+    comm: &DeviceCommunicator,
+    buf: &mut DeviceBuffer<f32>,
+    calls: usize,
+) -> Result<Duration, CommError> {
+    let nccl = comm.gpu().runtime().nccl();
+    let count = buf.len();
+    let stream = comm.stream().cu_stream() as sys::cudaStream_t;
+    let owner = comm.nccl_comm();
+    let api = nccl
+        .api(Function::AllReduce)
+        .map_err(|e| owner.error("ncclAllReduce", e))?;
+    let (p, _guard) = buf.write_ptr(comm.stream());
+    let addr = p as usize as *mut c_void;
+    let (elapsed, pending) = owner.with_handle(|h| {
+        let mut pending = false;
+        let start = Instant::now();
+        for _ in 0..calls {
+            // SAFETY: `h` is live and serialised by `with_handle`; `stream` is this communicator's stream on the
+            // buffer's device; `addr` holds `count` f32s, and `_guard` records the buffer's write event after
+            // these calls, so it is not released or read elsewhere before they complete.
+            let r = unsafe {
+                api.ncclAllReduce(
+                    addr,
+                    addr,
+                    count,
+                    sys::ncclFloat32,
+                    sys::ncclSum,
+                    h.0,
+                    stream,
+                )
+            };
+            if r == sys::ncclInProgress {
+                // Non-blocking: the call is queued; the communicator must settle before the next one.
+                pending = true;
+                break;
+            }
+            if r != sys::ncclSuccess {
+                return Err(CommError::Device {
+                    comm: comm.name().to_owned(),
+                    what: format!("ncclAllReduce returned {r}"),
+                });
+            }
+        }
+        Ok((start.elapsed(), pending))
+    })?;
+    if pending {
+        // Happens only while NCCL is still connecting (warm-up); settle and report this batch as is.
+        owner.wait_ready("the raw all-reduce baseline")?;
+    }
+    Ok(elapsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placement_spreads_ranks_and_names_what_is_missing() {
+        let old = Version::new(2, 28, 9);
+        let new = Version::new(2, 30, 1);
+        assert_eq!(placement(4, 8, old, false), Ok(vec![0, 1, 2, 3]));
+        assert_eq!(placement(5, 2, new, true), Ok(vec![0, 1, 0, 1, 0]));
+        let e = placement(2, 1, old, true).unwrap_err();
+        assert!(e.contains("nccl >= 2.30.0") && e.contains("2.28.9"), "{e}");
+        let e = placement(2, 1, new, false).unwrap_err();
+        assert!(e.contains("NCCL_MULTI_RANK_GPU_ENABLE=1"), "{e}");
+        assert!(placement(0, 1, new, true).is_err());
+        assert!(
+            placement(1, 0, new, true)
+                .unwrap_err()
+                .contains("no cuda device")
+        );
+    }
+
+    #[test]
+    fn median_takes_the_middle_and_survives_empty_input() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 3.0);
+        assert_eq!(median(Vec::new()), 0.0);
+    }
+
+    #[test]
+    fn extra_is_the_difference_of_the_medians() {
+        let r = OverheadResult {
+            calls: 100,
+            batches: 9,
+            raw_ns: 1500.0,
+            hypercomm_ns: 2700.0,
+        };
+        assert_eq!(r.extra_ns(), 1200.0);
+    }
+}
