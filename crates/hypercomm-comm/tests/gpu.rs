@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypercomm_comm::device::{DeviceCommunicator, DeviceRuntime, Gpu, StridedLayout};
+use hypercomm_comm::device::{
+    DeviceCommunicator, DeviceRuntime, Gpu, Placed, ProcessGroup, StridedLayout,
+};
 use hypercomm_comm::{CommError, CommOptions, ReduceOp};
 use hypercomm_store::MemoryStore;
 use nccl_sys::SearchConfig;
@@ -406,4 +408,40 @@ fn abort_fails_pending_and_later_work() {
         comm.all_reduce(again, ReduceOp::Sum),
         Err(CommError::Broken { .. })
     ));
+}
+
+#[test]
+fn a_process_group_runs_host_buffers_on_the_host_and_device_buffers_on_nccl() {
+    let Some(gpu) = gpu_or_skip("process group") else {
+        return;
+    };
+    let pg = ProcessGroup::connect(
+        Some(Arc::clone(&gpu)),
+        Arc::new(MemoryStore::new()),
+        vec![0],
+        0,
+        CommOptions {
+            timeout: Duration::from_secs(60),
+            min_ctas: Some(1),
+            ..CommOptions::named("pg")
+        },
+    )
+    .unwrap();
+    assert_eq!(pg.device().map(|d| d.name()), Some("pg/device"));
+    let host = pg
+        .all_reduce(Placed::Host(vec![1.5f32, 2.5]), ReduceOp::Sum)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert!(matches!(host, Placed::Host(v) if v == [1.5, 2.5]));
+    let dev = gpu.upload(&[4i32, 5, 6]).unwrap();
+    let out = pg
+        .all_reduce(Placed::Device(dev), ReduceOp::Max)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    let Placed::Device(dev) = out else {
+        panic!("a device buffer came back on the host");
+    };
+    assert_eq!(dev.download().unwrap(), [4, 5, 6]);
 }

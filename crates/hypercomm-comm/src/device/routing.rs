@@ -78,6 +78,32 @@ pub trait DeviceSide: Send + Sync {
         buf: Self::Buffer<T>,
         root: usize,
     ) -> Result<Self::Work<Self::Buffer<T>>, CommError>;
+    /// In-place reduce to `root`.
+    fn reduce<T: Element>(
+        &self,
+        buf: Self::Buffer<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Self::Work<Self::Buffer<T>>, CommError>;
+    /// Sends the buffer to `peer`.
+    fn send<T: Element>(
+        &self,
+        buf: Self::Buffer<T>,
+        peer: usize,
+    ) -> Result<Self::Work<Self::Buffer<T>>, CommError>;
+    /// Receives into the buffer from `peer`.
+    fn recv<T: Element>(
+        &self,
+        buf: Self::Buffer<T>,
+        peer: usize,
+    ) -> Result<Self::Work<Self::Buffer<T>>, CommError>;
+    /// Out-of-place all-to-all with equal blocks.
+    #[allow(clippy::type_complexity)]
+    fn all_to_all_into<T: Element>(
+        &self,
+        input: Self::Buffer<T>,
+        output: Self::Buffer<T>,
+    ) -> Result<Self::Work<(Self::Buffer<T>, Self::Buffer<T>)>, CommError>;
     /// Out-of-place all-gather.
     #[allow(clippy::type_complexity)]
     fn all_gather_into<T: Element>(
@@ -122,6 +148,35 @@ impl DeviceSide for DeviceCommunicator {
         root: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         DeviceCommunicator::broadcast(self, buf, root)
+    }
+    fn reduce<T: Element>(
+        &self,
+        buf: DeviceBuffer<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
+        DeviceCommunicator::reduce(self, buf, op, root)
+    }
+    fn send<T: Element>(
+        &self,
+        buf: DeviceBuffer<T>,
+        peer: usize,
+    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
+        DeviceCommunicator::send(self, buf, peer)
+    }
+    fn recv<T: Element>(
+        &self,
+        buf: DeviceBuffer<T>,
+        peer: usize,
+    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
+        DeviceCommunicator::recv(self, buf, peer)
+    }
+    fn all_to_all_into<T: Element>(
+        &self,
+        input: DeviceBuffer<T>,
+        output: DeviceBuffer<T>,
+    ) -> Result<DeviceWork<(DeviceBuffer<T>, DeviceBuffer<T>)>, CommError> {
+        DeviceCommunicator::all_to_all_into(self, input, output)
     }
     fn all_gather_into<T: Element>(
         &self,
@@ -296,6 +351,74 @@ impl<D: DeviceSide> ProcessGroup<D> {
         })
     }
 
+    /// Runs a one-buffer collective where `buf` lives: `host` on the host communicator, `device` on the device
+    /// communicator of the buffer's device.
+    #[allow(clippy::type_complexity)]
+    fn one<T: Element>(
+        &self,
+        buf: Placed<Vec<T>, SideBuf<D, T>>,
+        host: impl FnOnce(&Communicator, Vec<T>) -> Result<Work<Vec<T>>, CommError>,
+        device: impl FnOnce(&D, SideBuf<D, T>) -> Result<D::Work<SideBuf<D, T>>, CommError>,
+    ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
+        self.check(&[&buf])?;
+        match buf {
+            Placed::Host(v) => host(&self.host, v).map(GroupWork::Host),
+            Placed::Device(b) => {
+                let d = self.device_for(Location::Device(D::buffer_device(&b)))?;
+                device(d, b).map(GroupWork::Device)
+            }
+        }
+    }
+
+    /// Runs a two-buffer collective where both buffers live (they must live in the same place).
+    #[allow(clippy::type_complexity)]
+    fn two<T: Element>(
+        &self,
+        input: Placed<Vec<T>, SideBuf<D, T>>,
+        output: Placed<Vec<T>, SideBuf<D, T>>,
+        host: impl FnOnce(&Communicator, Vec<T>, Vec<T>) -> Result<Work<(Vec<T>, Vec<T>)>, CommError>,
+        device: impl FnOnce(
+            &D,
+            SideBuf<D, T>,
+            SideBuf<D, T>,
+        ) -> Result<D::Work<(SideBuf<D, T>, SideBuf<D, T>)>, CommError>,
+    ) -> Result<GroupWork<(Vec<T>, Vec<T>), D, (SideBuf<D, T>, SideBuf<D, T>)>, CommError> {
+        self.check(&[&input, &output])?;
+        match (input, output) {
+            (Placed::Host(i), Placed::Host(o)) => host(&self.host, i, o).map(GroupWork::Host),
+            (Placed::Device(i), Placed::Device(o)) => {
+                let d = self.device_for(Location::Device(D::buffer_device(&i)))?;
+                device(d, i, o).map(GroupWork::Device)
+            }
+            _ => unreachable_mixed(self.host.name()),
+        }
+    }
+
+    /// NCCL matches point-to-point messages by order, not by tag: a device send or receive takes tag 0 only, so
+    /// that a tag is never silently ignored.
+    fn check_device_tag<T: Element>(
+        &self,
+        buf: &Placed<Vec<T>, SideBuf<D, T>>,
+        tag: u64,
+    ) -> Result<(), CommError> {
+        if matches!(buf, Placed::Device(_)) && tag != 0 {
+            return Err(CommError::InvalidArgument {
+                comm: self.host.name().to_owned(),
+                what: format!(
+                    "tag {tag} on a device buffer: nccl matches sends and receives by order, so device \
+                     messages take tag 0"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// A barrier over the group's ranks, on the host communicator (it moves no buffer, so it runs where the CPU
+    /// waits). Device work already issued is not waited for: synchronize its handles first.
+    pub fn barrier(&self) -> Result<Work<()>, CommError> {
+        self.host.barrier()
+    }
+
     /// In-place all-reduce where `buf` lives.
     #[allow(clippy::type_complexity)]
     pub fn all_reduce<T: Element>(
@@ -303,14 +426,7 @@ impl<D: DeviceSide> ProcessGroup<D> {
         buf: Placed<Vec<T>, SideBuf<D, T>>,
         op: ReduceOp,
     ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
-        self.check(&[&buf])?;
-        match buf {
-            Placed::Host(v) => self.host.all_reduce(v, op).map(GroupWork::Host),
-            Placed::Device(b) => {
-                let d = self.device_for(Location::Device(D::buffer_device(&b)))?;
-                d.all_reduce(b, op).map(GroupWork::Device)
-            }
-        }
+        self.one(buf, |h, v| h.all_reduce(v, op), |d, b| d.all_reduce(b, op))
     }
 
     /// In-place broadcast from `root` where `buf` lives.
@@ -320,14 +436,26 @@ impl<D: DeviceSide> ProcessGroup<D> {
         buf: Placed<Vec<T>, SideBuf<D, T>>,
         root: usize,
     ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
-        self.check(&[&buf])?;
-        match buf {
-            Placed::Host(v) => self.host.broadcast(v, root).map(GroupWork::Host),
-            Placed::Device(b) => {
-                let d = self.device_for(Location::Device(D::buffer_device(&b)))?;
-                d.broadcast(b, root).map(GroupWork::Device)
-            }
-        }
+        self.one(
+            buf,
+            |h, v| h.broadcast(v, root),
+            |d, b| d.broadcast(b, root),
+        )
+    }
+
+    /// In-place reduce to `root` where `buf` lives.
+    #[allow(clippy::type_complexity)]
+    pub fn reduce<T: Element>(
+        &self,
+        buf: Placed<Vec<T>, SideBuf<D, T>>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
+        self.one(
+            buf,
+            |h, v| h.reduce(v, op, root),
+            |d, b| d.reduce(b, op, root),
+        )
     }
 
     /// All-gather into `output` where both buffers live (they must live in the same place).
@@ -337,17 +465,12 @@ impl<D: DeviceSide> ProcessGroup<D> {
         input: Placed<Vec<T>, SideBuf<D, T>>,
         output: Placed<Vec<T>, SideBuf<D, T>>,
     ) -> Result<GroupWork<(Vec<T>, Vec<T>), D, (SideBuf<D, T>, SideBuf<D, T>)>, CommError> {
-        self.check(&[&input, &output])?;
-        match (input, output) {
-            (Placed::Host(i), Placed::Host(o)) => {
-                self.host.all_gather_into(i, o).map(GroupWork::Host)
-            }
-            (Placed::Device(i), Placed::Device(o)) => {
-                let d = self.device_for(Location::Device(D::buffer_device(&i)))?;
-                d.all_gather_into(i, o).map(GroupWork::Device)
-            }
-            _ => unreachable_mixed(self.host.name()),
-        }
+        self.two(
+            input,
+            output,
+            |h, i, o| h.all_gather_into(i, o),
+            |d, i, o| d.all_gather_into(i, o),
+        )
     }
 
     /// Reduce-scatter from `input` into `output` where both buffers live.
@@ -358,17 +481,52 @@ impl<D: DeviceSide> ProcessGroup<D> {
         output: Placed<Vec<T>, SideBuf<D, T>>,
         op: ReduceOp,
     ) -> Result<GroupWork<(Vec<T>, Vec<T>), D, (SideBuf<D, T>, SideBuf<D, T>)>, CommError> {
-        self.check(&[&input, &output])?;
-        match (input, output) {
-            (Placed::Host(i), Placed::Host(o)) => {
-                self.host.reduce_scatter_into(i, o, op).map(GroupWork::Host)
-            }
-            (Placed::Device(i), Placed::Device(o)) => {
-                let d = self.device_for(Location::Device(D::buffer_device(&i)))?;
-                d.reduce_scatter_into(i, o, op).map(GroupWork::Device)
-            }
-            _ => unreachable_mixed(self.host.name()),
-        }
+        self.two(
+            input,
+            output,
+            |h, i, o| h.reduce_scatter_into(i, o, op),
+            |d, i, o| d.reduce_scatter_into(i, o, op),
+        )
+    }
+
+    /// All-to-all with equal blocks from `input` into `output` where both buffers live.
+    #[allow(clippy::type_complexity)]
+    pub fn all_to_all_into<T: Element>(
+        &self,
+        input: Placed<Vec<T>, SideBuf<D, T>>,
+        output: Placed<Vec<T>, SideBuf<D, T>>,
+    ) -> Result<GroupWork<(Vec<T>, Vec<T>), D, (SideBuf<D, T>, SideBuf<D, T>)>, CommError> {
+        self.two(
+            input,
+            output,
+            |h, i, o| h.all_to_all_into(i, o),
+            |d, i, o| d.all_to_all_into(i, o),
+        )
+    }
+
+    /// Sends `buf` to `peer` where it lives. `tag` matches host messages; device messages take tag 0 (NCCL
+    /// matches them by order).
+    #[allow(clippy::type_complexity)]
+    pub fn send<T: Element>(
+        &self,
+        buf: Placed<Vec<T>, SideBuf<D, T>>,
+        peer: usize,
+        tag: u64,
+    ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
+        self.check_device_tag(&buf, tag)?;
+        self.one(buf, |h, v| h.send(v, peer, tag), |d, b| d.send(b, peer))
+    }
+
+    /// Receives from `peer` into `buf` where it lives; `tag` as for [`send`](Self::send).
+    #[allow(clippy::type_complexity)]
+    pub fn recv<T: Element>(
+        &self,
+        buf: Placed<Vec<T>, SideBuf<D, T>>,
+        peer: usize,
+        tag: u64,
+    ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
+        self.check_device_tag(&buf, tag)?;
+        self.one(buf, |h, v| h.recv(v, peer, tag), |d, b| d.recv(b, peer))
     }
 }
 
@@ -426,6 +584,35 @@ mod tests {
         ) -> Result<FakeBuf<T>, CommError> {
             self.calls.lock().unwrap().push(format!("broadcast {root}"));
             Ok(buf)
+        }
+        fn reduce<T: Element>(
+            &self,
+            buf: FakeBuf<T>,
+            op: ReduceOp,
+            root: usize,
+        ) -> Result<FakeBuf<T>, CommError> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("reduce {op} {root}"));
+            Ok(buf)
+        }
+        fn send<T: Element>(&self, buf: FakeBuf<T>, peer: usize) -> Result<FakeBuf<T>, CommError> {
+            self.calls.lock().unwrap().push(format!("send {peer}"));
+            Ok(buf)
+        }
+        fn recv<T: Element>(&self, buf: FakeBuf<T>, peer: usize) -> Result<FakeBuf<T>, CommError> {
+            self.calls.lock().unwrap().push(format!("recv {peer}"));
+            Ok(buf)
+        }
+        fn all_to_all_into<T: Element>(
+            &self,
+            input: FakeBuf<T>,
+            mut output: FakeBuf<T>,
+        ) -> Result<(FakeBuf<T>, FakeBuf<T>), CommError> {
+            self.calls.lock().unwrap().push("all_to_all".into());
+            output.data.copy_from_slice(&input.data);
+            Ok((input, output))
         }
         fn all_gather_into<T: Element>(
             &self,
@@ -570,6 +757,65 @@ mod tests {
             .unwrap();
         assert!(matches!(out, Placed::Host((_, o)) if o == vec![4]));
         assert_eq!(calls(&pg).len(), 4);
+    }
+
+    fn dev<T>(data: Vec<T>) -> Placed<Vec<T>, FakeBuf<T>> {
+        Placed::Device(FakeBuf { device: 0, data })
+    }
+
+    #[test]
+    fn reduce_all_to_all_and_point_to_point_follow_the_buffer() {
+        let pg = group(Some(0));
+        let out = pg
+            .reduce(Placed::Host(vec![3i64, 4]), ReduceOp::Min, 0)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert!(matches!(out, Placed::Host(v) if v == vec![3, 4]));
+        let out = pg
+            .all_to_all_into(Placed::Host(vec![5u8, 6]), Placed::Host(vec![0u8, 0]))
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert!(matches!(out, Placed::Host((_, o)) if o == vec![5, 6]));
+        assert!(calls(&pg).is_empty(), "host buffers stay on the host");
+        pg.barrier().unwrap().wait().unwrap();
+
+        pg.reduce(dev(vec![1.0f32]), ReduceOp::Prod, 0)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        let out = pg
+            .all_to_all_into(dev(vec![9u32]), dev(vec![0u32]))
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert!(matches!(out, Placed::Device((_, o)) if o.data == vec![9]));
+        pg.send(dev(vec![1i32]), 0, 0)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        pg.recv(dev(vec![0i32]), 0, 0)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(
+            calls(&pg),
+            ["reduce prod 0", "all_to_all", "send 0", "recv 0"]
+        );
+    }
+
+    #[test]
+    fn device_messages_refuse_a_tag_instead_of_ignoring_it() {
+        let pg = group(Some(0));
+        for result in [
+            pg.send(dev(vec![1i32]), 0, 7).map(|_| ()),
+            pg.recv(dev(vec![1i32]), 0, 7).map(|_| ()),
+        ] {
+            let e = result.unwrap_err().to_string();
+            assert!(e.contains("tag 7 on a device buffer"), "{e}");
+        }
+        assert!(calls(&pg).is_empty());
     }
 
     #[test]
