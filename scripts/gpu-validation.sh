@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# GPU validation of the NCCL device backend, in two halves (see docs/gpu-validation.md):
+#
+#   scripts/gpu-validation.sh bundle    # on a machine with Rust: build the binaries into gpu-bin/
+#   bash gpu-bin/run.sh                 # on the GPU machine (no Rust needed): run them, logs into $OUT
+#
+# gpu-bin/ is ignored by git (.gitignore); name it in the device tool's `carry`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+case "${1:-}" in
+bundle)
+    rm -rf gpu-bin && mkdir -p gpu-bin
+    # The test binary's path comes from cargo itself, not from guessing at target/release/deps.
+    cargo test --release -p hypercomm-comm --test gpu --no-run --message-format=json \
+        | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
+        print(m["executable"])
+' >gpu-bin/.test-path
+    cp "$(cat gpu-bin/.test-path)" gpu-bin/gpu-tests && rm gpu-bin/.test-path
+    cargo build --release -p hypercomm-cli
+    cp target/release/hypercomm gpu-bin/hypercomm
+    cp scripts/gpu-validation.sh gpu-bin/run.sh
+    echo "gpu-bin/ ready: $(ls gpu-bin | tr '\n' ' ')"
+    ;;
+"" | run)
+    # On the GPU machine, from the repository root or from gpu-bin/.
+    bin="$(cd "$(dirname "$0")" && pwd)"
+    [ -x "$bin/gpu-tests" ] || bin="$PWD/gpu-bin"
+    out="${OUT:-$PWD/gpu-out}"
+    mkdir -p "$out"
+    # NVRTC (for the pack and fill/verify kernels): the folder of libnvrtc.so.13 from an installed CUDA wheel or
+    # toolkit. NCCL is found by the loader itself (NCCL_LIBRARY, the soname, then Python's nvidia/nccl/lib).
+    nvrtc="$(python3 - <<'PY' 2>/dev/null || true
+import glob, site, sys
+roots = site.getsitepackages() + [site.getusersitepackages()] + ["/usr/local/cuda/lib64"]
+for root in roots:
+    hits = sorted(glob.glob(root + "/**/libnvrtc.so.13*", recursive=True))
+    if hits:
+        print(hits[0].rsplit("/", 1)[0]); sys.exit(0)
+PY
+)"
+    [ -n "$nvrtc" ] && export LD_LIBRARY_PATH="$nvrtc:${LD_LIBRARY_PATH:-}"
+    {
+        date -u +"%Y-%m-%dT%H:%M:%SZ"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+        echo "nvrtc folder: ${nvrtc:-not found}"
+    } | tee "$out/machine.txt"
+    status=0
+    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "$bin/gpu-tests" --nocapture --test-threads=1 \
+        >"$out/gpu-tests.log" 2>&1 || status=$?
+    grep -E "^test |test result|skipping|panicked" "$out/gpu-tests.log" || true
+    for op in all_reduce all_gather reduce_scatter; do
+        "$bin/hypercomm" bench --backend nccl --op "$op" --sizes 8B:1GiB --overhead-batches 51 \
+            --json "$out/bench-$op.json" --plot "$out/bench-$op.svg" 2>&1 | tee "$out/bench-$op.log" \
+            || status=1
+    done
+    exit "$status"
+    ;;
+*)
+    echo "usage: $0 bundle | run" >&2
+    exit 2
+    ;;
+esac
