@@ -5,7 +5,8 @@
 //! - [`grid`]: pure topology. Grids over named dimensions, the groups of any set of dimensions, one rank's
 //!   group computed directly, and Megatron-Core compatible layouts.
 //! - [`store`]: rendezvous. The key-value store every communicator bootstraps through.
-//! - [`comm`]: communicators. One `Communicator` face; the host backend runs on shared memory and TCP.
+//! - [`comm`]: communicators. One `Communicator` face; the host backend runs on shared memory and TCP, and
+//!   [`comm::device`] runs collectives on GPU memory through NCCL (loaded at run time).
 //! - [`pgc`]: per rank, the communicators of every group it belongs to (Megatron's `ProcessGroupCollection`).
 //!
 //! Nothing in hypercomm is global: every grid, store and communicator is a value you own and pass along, so any

@@ -60,3 +60,24 @@ fn rl_pipeline_runs_eight_processes_and_checks_every_result() {
     );
     assert!(out.contains("all 8 rank(s) exited with status 0"), "{out}");
 }
+
+#[test]
+fn device_routing_runs_the_host_half_everywhere() {
+    let out = run_example("device_routing");
+    for rank in 0..2 {
+        assert!(
+            out.contains(&format!(
+                "rank {rank}: host all_reduce [3.0, 3.0, 3.0, 3.0]"
+            )),
+            "{out}"
+        );
+    }
+    // Either both ranks ran the device half too, or the example said why there is none.
+    let device_runs = out
+        .matches("all_reduce [3.0, 3.0, 3.0, 3.0], device ")
+        .count();
+    assert!(
+        device_runs == 2 || out.contains("no device half: "),
+        "{out}"
+    );
+}
