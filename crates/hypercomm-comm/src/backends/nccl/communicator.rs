@@ -396,18 +396,32 @@ impl DeviceCommunicator {
                 raw::group_start(nccl).map_err(err)?;
             }
             let mut pending = false;
+            let mut failed = None;
             for &call in calls {
                 // SAFETY: `h` is live and serialised by `with_handle`; `stream` belongs to this communicator's
                 // device; every address in `calls` comes from a buffer on this device that the caller checked
                 // is large enough, and whose guard the caller holds, and which the returned handle keeps until
                 // the work completes.
-                let p = unsafe { raw::enqueue(nccl, h, call, stream) }.map_err(err)?;
-                pending |= p == Progress::Pending;
+                match unsafe { raw::enqueue(nccl, h, call, stream) } {
+                    Ok(p) => pending |= p == Progress::Pending,
+                    Err(e) => {
+                        failed = Some(err(e));
+                        break;
+                    }
+                }
             }
             if grouped {
-                pending |= raw::group_end(nccl).map_err(err)? == Progress::Pending;
+                // Close the group even after a failed call: NCCL's group state belongs to this thread, and a
+                // group left open would swallow its later calls on every communicator.
+                let end = raw::group_end(nccl);
+                if failed.is_none() {
+                    pending |= end.map_err(err)? == Progress::Pending;
+                }
             }
-            Ok(pending)
+            match failed {
+                Some(e) => Err(e),
+                None => Ok(pending),
+            }
         })?;
         if pending {
             self.comm.wait_ready("enqueueing")?;
