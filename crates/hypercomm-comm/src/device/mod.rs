@@ -26,4 +26,7 @@ pub use crate::backends::nccl::communicator::{DeviceCommunicator, DeviceInOut, D
 pub use crate::backends::nccl::gpu::{DeviceBuffer, Gpu};
 pub use crate::backends::nccl::probe::{DriverInfo, MIN_DRIVER_VERSION};
 pub use layout::StridedLayout;
-pub use routing::{DeviceSide, GroupWork, Location, Placed, ProcessGroup, Route, route};
+pub use routing::{
+    DeviceSide, GroupWork, Location, OneBufWork, Placed, PlacedBuf, ProcessGroup, Route,
+    TwoBufWork, route,
+};

@@ -253,6 +253,12 @@ fn device_options(options: &CommOptions) -> CommOptions {
 }
 
 type SideBuf<D, T> = <D as DeviceSide>::Buffer<T>;
+/// A buffer of `T` on the host or on `D`'s device.
+pub type PlacedBuf<D, T> = Placed<Vec<T>, SideBuf<D, T>>;
+/// The pending result of a one-buffer collective of a [`ProcessGroup`].
+pub type OneBufWork<D, T> = GroupWork<Vec<T>, D, SideBuf<D, T>>;
+/// The pending result of a two-buffer collective: `(input, output)`.
+pub type TwoBufWork<D, T> = GroupWork<(Vec<T>, Vec<T>), D, (SideBuf<D, T>, SideBuf<D, T>)>;
 
 impl ProcessGroup<DeviceCommunicator> {
     /// Creates both halves collectively: the host communicator from `options` without its NCCL knobs, and, when
@@ -313,7 +319,7 @@ impl<D: DeviceSide> ProcessGroup<D> {
         self.device.as_ref()
     }
 
-    fn location<T: Element>(buf: &Placed<Vec<T>, SideBuf<D, T>>) -> Location {
+    fn location<T: Element>(buf: &PlacedBuf<D, T>) -> Location {
         match buf {
             Placed::Host(_) => Location::Host,
             Placed::Device(b) => Location::Device(D::buffer_device(b)),
@@ -332,10 +338,7 @@ impl<D: DeviceSide> ProcessGroup<D> {
             .ok_or_else(|| invalid("no device communicator".into()))
     }
 
-    fn check<T: Element>(
-        &self,
-        bufs: &[&Placed<Vec<T>, SideBuf<D, T>>],
-    ) -> Result<Route, CommError> {
+    fn check<T: Element>(&self, bufs: &[&PlacedBuf<D, T>]) -> Result<Route, CommError> {
         let locations: Vec<Location> = bufs.iter().map(|b| Self::location(b)).collect();
         if locations.windows(2).any(|w| w[0] != w[1]) {
             return Err(CommError::InvalidArgument {
@@ -353,13 +356,12 @@ impl<D: DeviceSide> ProcessGroup<D> {
 
     /// Runs a one-buffer collective where `buf` lives: `host` on the host communicator, `device` on the device
     /// communicator of the buffer's device.
-    #[allow(clippy::type_complexity)]
     fn one<T: Element>(
         &self,
-        buf: Placed<Vec<T>, SideBuf<D, T>>,
+        buf: PlacedBuf<D, T>,
         host: impl FnOnce(&Communicator, Vec<T>) -> Result<Work<Vec<T>>, CommError>,
         device: impl FnOnce(&D, SideBuf<D, T>) -> Result<D::Work<SideBuf<D, T>>, CommError>,
-    ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
+    ) -> Result<OneBufWork<D, T>, CommError> {
         self.check(&[&buf])?;
         match buf {
             Placed::Host(v) => host(&self.host, v).map(GroupWork::Host),
@@ -371,18 +373,17 @@ impl<D: DeviceSide> ProcessGroup<D> {
     }
 
     /// Runs a two-buffer collective where both buffers live (they must live in the same place).
-    #[allow(clippy::type_complexity)]
     fn two<T: Element>(
         &self,
-        input: Placed<Vec<T>, SideBuf<D, T>>,
-        output: Placed<Vec<T>, SideBuf<D, T>>,
+        input: PlacedBuf<D, T>,
+        output: PlacedBuf<D, T>,
         host: impl FnOnce(&Communicator, Vec<T>, Vec<T>) -> Result<Work<(Vec<T>, Vec<T>)>, CommError>,
         device: impl FnOnce(
             &D,
             SideBuf<D, T>,
             SideBuf<D, T>,
         ) -> Result<D::Work<(SideBuf<D, T>, SideBuf<D, T>)>, CommError>,
-    ) -> Result<GroupWork<(Vec<T>, Vec<T>), D, (SideBuf<D, T>, SideBuf<D, T>)>, CommError> {
+    ) -> Result<TwoBufWork<D, T>, CommError> {
         self.check(&[&input, &output])?;
         match (input, output) {
             (Placed::Host(i), Placed::Host(o)) => host(&self.host, i, o).map(GroupWork::Host),
@@ -398,7 +399,7 @@ impl<D: DeviceSide> ProcessGroup<D> {
     /// that a tag is never silently ignored.
     fn check_device_tag<T: Element>(
         &self,
-        buf: &Placed<Vec<T>, SideBuf<D, T>>,
+        buf: &PlacedBuf<D, T>,
         tag: u64,
     ) -> Result<(), CommError> {
         if matches!(buf, Placed::Device(_)) && tag != 0 {
@@ -420,22 +421,20 @@ impl<D: DeviceSide> ProcessGroup<D> {
     }
 
     /// In-place all-reduce where `buf` lives.
-    #[allow(clippy::type_complexity)]
     pub fn all_reduce<T: Element>(
         &self,
-        buf: Placed<Vec<T>, SideBuf<D, T>>,
+        buf: PlacedBuf<D, T>,
         op: ReduceOp,
-    ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
+    ) -> Result<OneBufWork<D, T>, CommError> {
         self.one(buf, |h, v| h.all_reduce(v, op), |d, b| d.all_reduce(b, op))
     }
 
     /// In-place broadcast from `root` where `buf` lives.
-    #[allow(clippy::type_complexity)]
     pub fn broadcast<T: Element>(
         &self,
-        buf: Placed<Vec<T>, SideBuf<D, T>>,
+        buf: PlacedBuf<D, T>,
         root: usize,
-    ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
+    ) -> Result<OneBufWork<D, T>, CommError> {
         self.one(
             buf,
             |h, v| h.broadcast(v, root),
@@ -444,13 +443,12 @@ impl<D: DeviceSide> ProcessGroup<D> {
     }
 
     /// In-place reduce to `root` where `buf` lives.
-    #[allow(clippy::type_complexity)]
     pub fn reduce<T: Element>(
         &self,
-        buf: Placed<Vec<T>, SideBuf<D, T>>,
+        buf: PlacedBuf<D, T>,
         op: ReduceOp,
         root: usize,
-    ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
+    ) -> Result<OneBufWork<D, T>, CommError> {
         self.one(
             buf,
             |h, v| h.reduce(v, op, root),
@@ -459,12 +457,11 @@ impl<D: DeviceSide> ProcessGroup<D> {
     }
 
     /// All-gather into `output` where both buffers live (they must live in the same place).
-    #[allow(clippy::type_complexity)]
     pub fn all_gather_into<T: Element>(
         &self,
-        input: Placed<Vec<T>, SideBuf<D, T>>,
-        output: Placed<Vec<T>, SideBuf<D, T>>,
-    ) -> Result<GroupWork<(Vec<T>, Vec<T>), D, (SideBuf<D, T>, SideBuf<D, T>)>, CommError> {
+        input: PlacedBuf<D, T>,
+        output: PlacedBuf<D, T>,
+    ) -> Result<TwoBufWork<D, T>, CommError> {
         self.two(
             input,
             output,
@@ -474,13 +471,12 @@ impl<D: DeviceSide> ProcessGroup<D> {
     }
 
     /// Reduce-scatter from `input` into `output` where both buffers live.
-    #[allow(clippy::type_complexity)]
     pub fn reduce_scatter_into<T: Element>(
         &self,
-        input: Placed<Vec<T>, SideBuf<D, T>>,
-        output: Placed<Vec<T>, SideBuf<D, T>>,
+        input: PlacedBuf<D, T>,
+        output: PlacedBuf<D, T>,
         op: ReduceOp,
-    ) -> Result<GroupWork<(Vec<T>, Vec<T>), D, (SideBuf<D, T>, SideBuf<D, T>)>, CommError> {
+    ) -> Result<TwoBufWork<D, T>, CommError> {
         self.two(
             input,
             output,
@@ -490,12 +486,11 @@ impl<D: DeviceSide> ProcessGroup<D> {
     }
 
     /// All-to-all with equal blocks from `input` into `output` where both buffers live.
-    #[allow(clippy::type_complexity)]
     pub fn all_to_all_into<T: Element>(
         &self,
-        input: Placed<Vec<T>, SideBuf<D, T>>,
-        output: Placed<Vec<T>, SideBuf<D, T>>,
-    ) -> Result<GroupWork<(Vec<T>, Vec<T>), D, (SideBuf<D, T>, SideBuf<D, T>)>, CommError> {
+        input: PlacedBuf<D, T>,
+        output: PlacedBuf<D, T>,
+    ) -> Result<TwoBufWork<D, T>, CommError> {
         self.two(
             input,
             output,
@@ -506,25 +501,23 @@ impl<D: DeviceSide> ProcessGroup<D> {
 
     /// Sends `buf` to `peer` where it lives. `tag` matches host messages; device messages take tag 0 (NCCL
     /// matches them by order).
-    #[allow(clippy::type_complexity)]
     pub fn send<T: Element>(
         &self,
-        buf: Placed<Vec<T>, SideBuf<D, T>>,
+        buf: PlacedBuf<D, T>,
         peer: usize,
         tag: u64,
-    ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
+    ) -> Result<OneBufWork<D, T>, CommError> {
         self.check_device_tag(&buf, tag)?;
         self.one(buf, |h, v| h.send(v, peer, tag), |d, b| d.send(b, peer))
     }
 
     /// Receives from `peer` into `buf` where it lives; `tag` as for [`send`](Self::send).
-    #[allow(clippy::type_complexity)]
     pub fn recv<T: Element>(
         &self,
-        buf: Placed<Vec<T>, SideBuf<D, T>>,
+        buf: PlacedBuf<D, T>,
         peer: usize,
         tag: u64,
-    ) -> Result<GroupWork<Vec<T>, D, SideBuf<D, T>>, CommError> {
+    ) -> Result<OneBufWork<D, T>, CommError> {
         self.check_device_tag(&buf, tag)?;
         self.one(buf, |h, v| h.recv(v, peer, tag), |d, b| d.recv(b, peer))
     }
