@@ -8,7 +8,7 @@
 //!    communicator; every NCCL knob of the options is honoured or refused by name.
 //! 4. Issue collectives; each returns a [`DeviceWork`] whose `wait(stream)` orders a stream after it and whose
 //!    `synchronize()` blocks the CPU. Strided views ([`StridedLayout`]) are packed and unpacked by kernels.
-//! 5. Measure with [`bench`] (`hypercomm bench --backend nccl`): bandwidth per size, and the host time each
+//! 5. Measure with [`bench`](mod@bench) (`hypercomm bench --backend nccl`): bandwidth per size, and the host time each
 //!    call costs against calling NCCL directly.
 //! 6. Or hold both in a [`ProcessGroup`], which sends host buffers to the host communicator and device buffers to
 //!    NCCL (PyTorch's `cpu:gloo,cuda:nccl`).
