@@ -39,7 +39,7 @@
 //!   instances, hierarchical cp) and all 22 group kinds of its `ProcessGroupCollection`.
 //! - [`GridView`]: a second grid over the same ranks that must agree with a base grid on shared dimensions (the
 //!   expert grid sharing `pp` with the decoder grid).
-//! - [`strategies`] (cargo feature `proptest`): proptest strategies for grids and layouts, bounded by a world
+//! - `strategies` (cargo feature `proptest`): proptest strategies for grids and layouts, bounded by a world
 //!   size, for your own property tests.
 //! - [`topology`]: a cluster model (hosts, NVLink domains, NICs, racks as a petgraph graph), what a layout's
 //!   communication costs on it, and a search for the cheapest dimension order.
