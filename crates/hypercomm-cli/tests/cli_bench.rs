@@ -129,3 +129,59 @@ fn nccl_bench_runs_on_a_gpu_or_says_what_is_missing() {
     assert!(overhead["hypercomm_ns"].as_f64().unwrap() > 0.0, "{doc}");
     eprintln!("{}", text(&out.stdout));
 }
+
+#[test]
+fn nccl_bench_runs_end_to_end_on_the_fake_driver() {
+    // fake-gpu (a dev-dependency) is a single-rank, synchronous CUDA driver and NCCL on host memory: the numbers
+    // mean nothing, but every step of the device bench and its output runs.
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .expect("test binaries live in target/<profile>/deps")
+        .to_path_buf();
+    let lib = deps.join("libfake_gpu.so");
+    assert!(lib.exists(), "{} is missing", lib.display());
+    let dir = scratch("fake-driver");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cuda = dir.join("libcuda.so");
+    let _ = std::fs::remove_file(&cuda);
+    std::os::unix::fs::symlink(&lib, &cuda).unwrap();
+    let json = scratch("fake.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_hypercomm"))
+        .args([
+            "bench",
+            "--backend",
+            "nccl",
+            "--op",
+            "reduce_scatter",
+            "--sizes",
+            "1KiB:4KiB",
+            "--iters",
+            "10",
+            "--overhead-calls",
+            "10",
+            "--overhead-batches",
+            "3",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("NCCL_LIBRARY", &lib)
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("backend nccl 2.28.9"), "{stdout}");
+    assert!(stdout.contains("ncclAllReduce directly"), "{stdout}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["backend"], "nccl");
+    let bytes: Vec<u64> = doc["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(bytes, [1024, 2048, 4096]);
+    assert!(doc["overhead"]["extra_ns"].is_number(), "{doc}");
+}

@@ -14,9 +14,10 @@ pub struct Args {
     /// Backend to measure: `host`, or `nccl` (needs a GPU; without one it reports what is missing).
     #[arg(long, default_value = "host")]
     backend: String,
-    /// Number of ranks (threads of this process, each with its own communicator).
-    #[arg(short = 'n', long, default_value_t = 2)]
-    ranks: usize,
+    /// Number of ranks (threads of this process, each with its own communicator). Default: 2 on the host, one
+    /// per visible GPU with nccl.
+    #[arg(short = 'n', long)]
+    ranks: Option<usize>,
     /// Collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all.
     #[arg(long, default_value = "all_reduce")]
     op: String,
@@ -118,7 +119,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             names.join(", ")
         ))
     })?;
-    if args.ranks == 0 {
+    if args.ranks == Some(0) {
         return Err(CliError::Usage("-n must be at least 1".into()));
     }
     match args.backend.as_str() {
@@ -130,10 +131,11 @@ pub fn run(args: Args) -> Result<(), CliError> {
             )));
         }
     }
+    let ranks = args.ranks.unwrap_or(2);
     let sizes = parse_sizes(&args.sizes)?;
     let config = BenchConfig {
         op,
-        ranks: args.ranks,
+        ranks,
         sizes: sizes.clone(),
         options: CommOptions {
             timeout: Duration::from_secs(120),
@@ -145,12 +147,12 @@ pub fn run(args: Args) -> Result<(), CliError> {
     println!(
         "# hypercomm bench: {} on {} ranks (threads in one process), backend host, transport {}",
         op.name(),
-        args.ranks,
+        ranks,
         if args.tcp { "tcp" } else { "shm" }
     );
     println!(
         "# busbw factor {:.3}; time is the median of each size's iterations",
-        op.bus_factor(args.ranks)
+        op.bus_factor(ranks)
     );
     print_table_header();
     let bar = size_bar(sizes.len());
@@ -197,9 +199,20 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
     // The device bench needs a GPU; say exactly what is missing rather than fall back to the host.
     let runtime = DeviceRuntime::probe_with_env(|n| std::env::var_os(n))
         .map_err(|e| CliError::Failed(format!("--backend nccl: {e}")))?;
+    let ranks = args.ranks.unwrap_or(runtime.device_count().max(1));
+    let multi_rank_gpu_enabled =
+        std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").is_ok_and(|v| v == "1");
+    // Refuse an impossible placement before printing anything.
+    device_bench::placement(
+        ranks,
+        runtime.device_count(),
+        runtime.nccl().version(),
+        multi_rank_gpu_enabled,
+    )
+    .map_err(|why| CliError::Failed(format!("--backend nccl: -n {ranks}: {why}")))?;
     let config = device_bench::DeviceBenchConfig {
         op,
-        ranks: args.ranks,
+        ranks,
         sizes: sizes.clone(),
         options: CommOptions {
             timeout: Duration::from_secs(120),
@@ -208,18 +221,18 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
         max_iters: args.iters.max(1),
         overhead_calls: args.overhead_calls,
         overhead_batches: args.overhead_batches,
-        multi_rank_gpu_enabled: std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").is_ok_and(|v| v == "1"),
+        multi_rank_gpu_enabled,
     };
     println!(
         "# hypercomm bench: {} on {} ranks (threads in one process), backend nccl {} ({})",
         op.name(),
-        args.ranks,
+        ranks,
         runtime.nccl().version(),
         runtime.nccl().origin()
     );
     println!(
         "# busbw factor {:.3}; time is the median over 5 batches of the mean per operation (cuda events)",
-        op.bus_factor(args.ranks)
+        op.bus_factor(ranks)
     );
     print_table_header();
     let bar = size_bar(sizes.len());

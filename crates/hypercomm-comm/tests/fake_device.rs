@@ -1,0 +1,448 @@
+//! The device backend end to end against `fake-gpu`, a stand-in CUDA driver and NCCL (single-rank,
+//! synchronous, host memory), so its Rust side runs on every machine, CI included.
+//!
+//! Each `fake_*` test below is `#[ignore]`d and runs only in a child process that this file's `suite_*` tests
+//! start with the fake on the loader path (`libcuda.so`) and in `NCCL_LIBRARY`: the driver library is opened
+//! once per process, so the fake cannot be swapped in later. The suites check the children's exit status and, for
+//! the knobs, what the fake logged. What this cannot show (GPU concurrency, NCCL's own behaviour) is left to
+//! the GPU run (`tests/gpu.rs`, `docs/gpu-validation.md`).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hypercomm_comm::bench::BenchOp;
+use hypercomm_comm::device::bench::{DeviceBenchConfig, run as run_bench};
+use hypercomm_comm::device::{
+    DeviceCommunicator, DeviceRuntime, Gpu, Placed, ProcessGroup, StridedLayout,
+};
+use hypercomm_comm::{CommError, CommOptions, ReduceOp};
+use hypercomm_store::MemoryStore;
+
+const UNDER_FAKE: &str = "HYPERCOMM_UNDER_FAKE_GPU";
+
+/// `libfake_gpu.so`, built by cargo beside this test binary (it is a dev-dependency).
+fn fake_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let lib = exe
+        .parent()
+        .expect("test binaries live in target/<profile>/deps")
+        .join("libfake_gpu.so");
+    assert!(lib.exists(), "{} is missing", lib.display());
+    lib
+}
+
+/// Runs the ignored test `name` of this binary in a child process that loads the fake.
+fn under_fake(name: &str, env: &[(&str, &str)]) -> Output {
+    let lib = fake_library();
+    let dir =
+        std::env::temp_dir().join(format!("hypercomm-fake-gpu-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cuda = dir.join("libcuda.so");
+    let _ = std::fs::remove_file(&cuda);
+    std::os::unix::fs::symlink(&lib, &cuda).unwrap();
+    let mut path = dir.clone().into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        name,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("LD_LIBRARY_PATH", path)
+    .env("NCCL_LIBRARY", &lib)
+    .env(UNDER_FAKE, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the test binary again");
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+/// Runs `name` under the fake and requires that it ran (not filtered away) and passed; returns its stderr.
+fn pass_under_fake(name: &str, env: &[(&str, &str)]) -> String {
+    let out = under_fake(name, env);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "{name} under the fake:\n{stdout}\n{stderr}"
+    );
+    stderr
+}
+
+fn runtime() -> Arc<DeviceRuntime> {
+    assert!(
+        std::env::var_os(UNDER_FAKE).is_some(),
+        "this test runs only under fake-gpu, started by the suite_* tests of this file"
+    );
+    DeviceRuntime::probe_with_env(|n| std::env::var_os(n)).expect("the fake driver and nccl load")
+}
+
+fn single(gpu: &Arc<Gpu>, options: CommOptions) -> DeviceCommunicator {
+    DeviceCommunicator::new(
+        Arc::clone(gpu),
+        Arc::new(MemoryStore::new()),
+        vec![0],
+        0,
+        CommOptions {
+            timeout: Duration::from_secs(20),
+            ..options
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn suite_collectives_events_and_errors() {
+    for name in [
+        "fake_probe_loads_the_driver_and_nccl",
+        "fake_every_collective_round_trips",
+        "fake_abort_fails_pending_and_later_work",
+        "fake_strided_views_without_nvrtc_fail_cleanly",
+        "fake_process_group_routes_by_location",
+        "fake_shrink_and_split",
+    ] {
+        pass_under_fake(name, &[]);
+    }
+}
+
+#[test]
+fn suite_knobs_reach_ncclconfig() {
+    let log = pass_under_fake("fake_knobs_are_passed_to_nccl", &[]);
+    assert!(
+        log.contains(
+            "fake-nccl: ncclCommInitRankConfig: blocking=0 cgaClusterSize=2 minCTAs=2 maxCTAs=8 splitShare=1 \
+             trafficClass=-2147483648 netName=(null) commName=knobs"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("fake-nccl: ncclCommSplit: blocking=1 ")
+            && log.contains("commName=knobs/child"),
+        "{log}"
+    );
+}
+
+#[test]
+fn suite_old_nccl_refuses_new_knobs_and_shrink() {
+    pass_under_fake(
+        "fake_old_nccl_refuses_what_it_lacks",
+        &[("FAKE_NCCL_VERSION", "22400")],
+    );
+}
+
+#[test]
+fn suite_bench_runs_end_to_end() {
+    pass_under_fake("fake_bench_reports_every_size_and_the_overhead", &[]);
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_collectives_events_and_errors"]
+fn fake_probe_loads_the_driver_and_nccl() {
+    let rt = runtime();
+    assert_eq!(rt.device_count(), 1);
+    assert_eq!(rt.driver().version, 13000);
+    assert_eq!(rt.nccl().version(), nccl_sys::Version::new(2, 28, 9));
+    assert!(Gpu::open(Arc::clone(&rt), 1).is_err(), "only one device");
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_collectives_events_and_errors"]
+fn fake_every_collective_round_trips() {
+    let gpu = Gpu::open(runtime(), 0).unwrap();
+    // Non-blocking by default: the fake answers ncclInProgress at creation, so the polling path runs.
+    let comm = single(&gpu, CommOptions::named("round-trip"));
+    let data: Vec<f32> = (0..1000).map(|i| (i % 61) as f32).collect();
+    let buf = gpu.upload(&data).unwrap();
+    let buf = comm
+        .all_reduce(buf, ReduceOp::Sum)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(buf.download().unwrap(), data);
+    let buf = comm.broadcast(buf, 0).unwrap().wait(comm.stream()).unwrap();
+    let buf = comm
+        .reduce(buf, ReduceOp::Max, 0)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    let out = gpu.alloc_zeros::<f32>(1000).unwrap();
+    let (buf, out) = comm
+        .all_gather_into(buf, out)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(out.download().unwrap(), data);
+    let fresh = gpu.alloc_zeros::<f32>(1000).unwrap();
+    let (_, fresh) = comm
+        .reduce_scatter_into(buf, fresh, ReduceOp::Avg)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(fresh.download().unwrap(), data);
+    let all = gpu.alloc_zeros::<f32>(1000).unwrap();
+    let (_, all) = comm
+        .all_to_all_into(fresh, all)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(
+        all.download().unwrap(),
+        data,
+        "all_to_all: a grouped send and receive"
+    );
+    let ints = gpu.upload(&[7i64, -3]).unwrap();
+    let (_, out) = comm
+        .all_reduce_into(ints, gpu.alloc_zeros::<i64>(2).unwrap(), ReduceOp::Min)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(out.download().unwrap(), [7, -3]);
+    assert!(gpu.pooled_events() > 0, "handles give their events back");
+    // Bad input is refused before NCCL sees it.
+    let short = gpu.alloc_zeros::<f32>(3).unwrap();
+    let e = comm
+        .all_gather_into(gpu.alloc_zeros::<f32>(4).unwrap(), short)
+        .err()
+        .unwrap();
+    assert!(matches!(e, CommError::InvalidArgument { .. }), "{e}");
+    assert!(
+        comm.broadcast(gpu.alloc_zeros::<u8>(1).unwrap(), 1)
+            .is_err(),
+        "root 1 of 1 rank"
+    );
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_collectives_events_and_errors"]
+fn fake_abort_fails_pending_and_later_work() {
+    let gpu = Gpu::open(runtime(), 0).unwrap();
+    let comm = single(&gpu, CommOptions::named("abort"));
+    let work = comm
+        .all_reduce(gpu.alloc_zeros::<f32>(16).unwrap(), ReduceOp::Sum)
+        .unwrap();
+    comm.abort();
+    assert!(matches!(work.synchronize(), Err(CommError::Broken { .. })));
+    let e = comm
+        .all_reduce(gpu.alloc_zeros::<f32>(4).unwrap(), ReduceOp::Sum)
+        .err()
+        .unwrap();
+    assert!(matches!(e, CommError::Broken { .. }), "{e}");
+    assert!(comm.broken().is_some());
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_collectives_events_and_errors"]
+fn fake_strided_views_without_nvrtc_fail_cleanly() {
+    let gpu = Gpu::open(runtime(), 0).unwrap();
+    let comm = single(&gpu, CommOptions::named("strided"));
+    let host: Vec<i32> = (0..40).collect();
+    // A contiguous view needs no kernel: it runs on the part of the buffer directly.
+    let view = StridedLayout::new(8, 2, 10, 10).unwrap();
+    assert!(view.is_contiguous());
+    let buf = comm
+        .all_reduce_strided(gpu.upload(&host).unwrap(), view, ReduceOp::Sum)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(buf.download().unwrap(), host);
+    // A strided one needs the pack kernel; without NVRTC that is an error saying so, not a panic.
+    let strided = StridedLayout::new(1, 4, 3, 10).unwrap();
+    let e = comm
+        .all_reduce_strided(gpu.upload(&host).unwrap(), strided, ReduceOp::Sum)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("nvrtc"), "{e}");
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_collectives_events_and_errors"]
+fn fake_process_group_routes_by_location() {
+    let gpu = Gpu::open(runtime(), 0).unwrap();
+    let pg = ProcessGroup::connect(
+        Some(Arc::clone(&gpu)),
+        Arc::new(MemoryStore::new()),
+        vec![0],
+        0,
+        CommOptions {
+            max_ctas: Some(4),
+            ..CommOptions::named("pg")
+        },
+    )
+    .unwrap();
+    let Placed::Host(v) = pg
+        .all_reduce(Placed::Host(vec![1u32, 2]), ReduceOp::Sum)
+        .unwrap()
+        .synchronize()
+        .unwrap()
+    else {
+        panic!("a host buffer came back from the device");
+    };
+    assert_eq!(v, [1, 2]);
+    let Placed::Device(b) = pg
+        .all_reduce(
+            Placed::Device(gpu.upload(&[5u32, 6]).unwrap()),
+            ReduceOp::Sum,
+        )
+        .unwrap()
+        .synchronize()
+        .unwrap()
+    else {
+        panic!("a device buffer came back on the host");
+    };
+    assert_eq!(b.download().unwrap(), [5, 6]);
+    let Placed::Device(b) = pg
+        .send(Placed::Device(b), 0, 0)
+        .unwrap()
+        .synchronize()
+        .unwrap()
+    else {
+        panic!("a device buffer came back on the host");
+    };
+    let Placed::Device(r) = pg
+        .recv(Placed::Device(gpu.alloc_zeros::<u32>(2).unwrap()), 0, 0)
+        .unwrap()
+        .synchronize()
+        .unwrap()
+    else {
+        panic!("a device buffer came back on the host");
+    };
+    assert_eq!(r.download().unwrap(), b.download().unwrap());
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_collectives_events_and_errors"]
+fn fake_shrink_and_split() {
+    let gpu = Gpu::open(runtime(), 0).unwrap();
+    let comm = single(&gpu, CommOptions::named("parent"));
+    let child = comm.split(Some(3), 0).unwrap().expect("color 3 joins");
+    assert_eq!((child.size(), child.rank()), (1, 0));
+    assert_eq!(child.name(), "parent/split/color3");
+    assert!(comm.split(None, 0).unwrap().is_none());
+    assert!(
+        comm.split(Some(u32::MAX), 0).is_err(),
+        "colors must fit an int"
+    );
+    let shrunk = comm.shrink(&[], false).unwrap();
+    assert_eq!(shrunk.ranks(), [0]);
+    assert!(
+        comm.shrink(&[1], false).is_err(),
+        "rank 1 of a 1-rank communicator"
+    );
+    let buf = shrunk
+        .all_reduce(gpu.upload(&[2.5f64]).unwrap(), ReduceOp::Sum)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(buf.download().unwrap(), [2.5]);
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_knobs_reach_ncclconfig"]
+fn fake_knobs_are_passed_to_nccl() {
+    let gpu = Gpu::open(runtime(), 0).unwrap();
+    let comm = single(
+        &gpu,
+        CommOptions {
+            high_priority_stream: Some(true),
+            cga_cluster_size: Some(2),
+            min_ctas: Some(2),
+            max_ctas: Some(8),
+            split_share: Some(true),
+            ..CommOptions::named("knobs")
+        },
+    );
+    let child = comm
+        .split_with(
+            Some(0),
+            0,
+            CommOptions {
+                blocking: Some(true),
+                ..CommOptions::named("knobs/child")
+            },
+        )
+        .unwrap()
+        .expect("color 0 joins");
+    assert_eq!(child.size(), 1);
+    let e = DeviceCommunicator::new(
+        Arc::clone(&gpu),
+        Arc::new(MemoryStore::new()),
+        vec![0],
+        0,
+        CommOptions {
+            force_tcp: true,
+            ..CommOptions::named("host-knob")
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("force_tcp"), "{e}");
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_old_nccl_refuses_new_knobs_and_shrink"]
+fn fake_old_nccl_refuses_what_it_lacks() {
+    let rt = runtime();
+    assert_eq!(rt.nccl().version(), nccl_sys::Version::new(2, 24, 0));
+    let gpu = Gpu::open(rt, 0).unwrap();
+    let e = DeviceCommunicator::new(
+        Arc::clone(&gpu),
+        Arc::new(MemoryStore::new()),
+        vec![0],
+        0,
+        CommOptions {
+            traffic_class: Some(3),
+            ..CommOptions::named("qos")
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(e, CommError::OptionNeedsNewerLibrary { .. }),
+        "{e}"
+    );
+    let comm = single(&gpu, CommOptions::named("old"));
+    let e = comm.shrink(&[], false).err().unwrap();
+    assert!(matches!(e, CommError::Unavailable { .. }), "{e}");
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_bench_runs_end_to_end"]
+fn fake_bench_reports_every_size_and_the_overhead() {
+    let config = DeviceBenchConfig {
+        op: BenchOp::AllGather,
+        ranks: 1,
+        sizes: vec![8, 4096, 1 << 20],
+        options: CommOptions {
+            timeout: Duration::from_secs(20),
+            ..CommOptions::named("bench")
+        },
+        max_iters: 10,
+        overhead_calls: 20,
+        overhead_batches: 3,
+        multi_rank_gpu_enabled: false,
+    };
+    let seen = std::sync::Mutex::new(Vec::new());
+    let report = run_bench(runtime(), &config, &|r| seen.lock().unwrap().push(r.bytes)).unwrap();
+    assert_eq!(*seen.lock().unwrap(), [8, 4096, 1 << 20]);
+    assert_eq!(report.devices, [0]);
+    assert!(
+        report
+            .results
+            .iter()
+            .all(|r| r.transport == "nccl" && r.time_us >= 0.0)
+    );
+    let o = report.overhead.expect("overhead measured");
+    assert!(o.raw_ns > 0.0 && o.hypercomm_ns > 0.0, "{o:?}");
+    let two = DeviceBenchConfig { ranks: 2, ..config };
+    let e = run_bench(runtime(), &two, &|_| {}).err().unwrap();
+    assert!(e.to_string().contains("nccl >= 2.30.0"), "{e}");
+}
