@@ -455,7 +455,7 @@ pub unsafe extern "C" fn ncclAllGather(
     unsafe { copy_collective(c, send, recv, count, dtype) }
 }
 
-/// `ncclReduceScatter`.
+/// `ncclReduceScatter`: with one rank, the same as an all-reduce of the receive count.
 ///
 /// # Safety
 ///
@@ -468,13 +468,10 @@ pub unsafe extern "C" fn ncclReduceScatter(
     dtype: ncclDataType_t,
     op: ncclRedOp_t,
     c: ncclComm_t,
-    _stream: cudaStream_t,
+    stream: cudaStream_t,
 ) -> ncclResult_t {
-    if op > 4 {
-        return INVALID_ARGUMENT;
-    }
-    // SAFETY: the caller's contract.
-    unsafe { copy_collective(c, send, recv, count, dtype) }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { ncclAllReduce(send, recv, count, dtype, op, c, stream) }
 }
 
 /// `ncclSend` to rank 0 (itself): the bytes wait in the mailbox.
