@@ -309,32 +309,10 @@ fn measure_size(
     ))
 }
 
-/// Waits for `event` without hanging: polls it and NCCL's asynchronous errors until the communicator's
-/// timeout, as work handles do.
+/// Waits for `event` without hanging: as work handles do, up to the communicator's timeout.
 fn wait_for(comm: &DeviceCommunicator, event: &CudaEvent) -> Result<(), CommError> {
-    let deadline = Instant::now() + comm.options().timeout;
-    let mut pause = Duration::from_micros(1);
-    // Bounded by the deadline.
-    loop {
-        let done = event
-            .try_is_complete()
-            .map_err(cuda_err(comm.name(), "querying an event"))?;
-        comm.check()?;
-        if done {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            comm.abort();
-            return Err(CommError::Timeout {
-                comm: comm.name().to_owned(),
-                missing: Vec::new(),
-                after: comm.options().timeout,
-                during: "waiting for benchmark work; the nccl communicator was aborted".into(),
-            });
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_micros(200));
-    }
+    comm.nccl_comm()
+        .wait_event(event, "waiting for benchmark work")
 }
 
 fn measure_overhead(
@@ -353,15 +331,15 @@ fn measure_overhead(
     };
     // Warm up both paths (NCCL connects lazily on the first call).
     for _ in 0..2 {
-        raw_batch(comm, &mut buf, calls)?;
+        let _ = raw_batch(comm, &mut buf, calls)?;
         drain(comm)?;
         buf = hypercomm_batch(comm, buf, calls)?.0;
         drain(comm)?;
     }
     let (mut raw, mut ours) = (Vec::with_capacity(batches), Vec::with_capacity(batches));
     for _ in 0..batches {
-        let t = raw_batch(comm, &mut buf, calls)?;
-        raw.push(t.as_secs_f64() * 1e9 / calls as f64);
+        let (t, issued) = raw_batch(comm, &mut buf, calls)?;
+        raw.push(t.as_secs_f64() * 1e9 / issued.max(1) as f64);
         drain(comm)?;
         let (b, t) = hypercomm_batch(comm, buf, calls)?;
         buf = b;
@@ -389,13 +367,14 @@ fn hypercomm_batch(
     Ok((buf, start.elapsed()))
 }
 
-/// `calls` in-place sum all-reduces of `buf` with `ncclAllReduce` called directly (one lock for the batch);
-/// returns the CPU time the calls took.
+/// Up to `calls` in-place sum all-reduces of `buf` with `ncclAllReduce` called directly (one lock for the
+/// batch); returns the CPU time they took and how many were issued (fewer when a non-blocking communicator asked
+/// to settle first).
 fn raw_batch(
     comm: &DeviceCommunicator,
     buf: &mut DeviceBuffer<f32>,
     calls: usize,
-) -> Result<Duration, CommError> {
+) -> Result<(Duration, usize), CommError> {
     let nccl = comm.gpu().runtime().nccl();
     let count = buf.len();
     let stream = comm.stream().cu_stream() as sys::cudaStream_t;
@@ -405,10 +384,11 @@ fn raw_batch(
         .map_err(|e| owner.error("ncclAllReduce", e))?;
     let (p, _guard) = buf.write_ptr(comm.stream());
     let addr = p as usize as *mut c_void;
-    let (elapsed, pending) = owner.with_handle(|h| {
+    let (elapsed, issued, pending) = owner.with_handle(|h| {
         let mut pending = false;
+        let mut issued = 0;
         let start = Instant::now();
-        for _ in 0..calls {
+        while issued < calls {
             // SAFETY: `h` is live and serialised by `with_handle`; `stream` is this communicator's stream on the
             // buffer's device; `addr` holds `count` f32s, and `_guard` records the buffer's write event after
             // these calls, so it is not released or read elsewhere before they complete.
@@ -423,25 +403,26 @@ fn raw_batch(
                     stream,
                 )
             };
-            if r == sys::ncclInProgress {
-                // Non-blocking: the call is queued; the communicator must settle before the next one.
-                pending = true;
-                break;
-            }
-            if r != sys::ncclSuccess {
+            if r != sys::ncclSuccess && r != sys::ncclInProgress {
                 return Err(CommError::Device {
                     comm: comm.name().to_owned(),
                     what: format!("ncclAllReduce returned {r}"),
                 });
             }
+            issued += 1;
+            if r == sys::ncclInProgress {
+                // Non-blocking: the call is queued; the communicator must settle before the next one.
+                pending = true;
+                break;
+            }
         }
-        Ok((start.elapsed(), pending))
+        Ok((start.elapsed(), issued, pending))
     })?;
     if pending {
-        // Happens only while NCCL is still connecting (warm-up); settle and report this batch as is.
+        // Happens while NCCL is still connecting (warm-up); settle, and count only the calls issued.
         owner.wait_ready("the raw all-reduce baseline")?;
     }
-    Ok(elapsed)
+    Ok((elapsed, issued))
 }
 
 #[cfg(test)]

@@ -7,8 +7,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use cudarc::driver::CudaEvent;
 use nccl_sys::{Nccl, NcclError};
 
+use super::gpu::cuda_err;
 use super::raw::{self, CommHandle, Progress};
 use crate::CommError;
 
@@ -137,6 +139,30 @@ impl NcclComm {
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// Blocks the CPU until `event` (recorded after work on this communicator) completes, polling NCCL for
+    /// asynchronous errors meanwhile and once more at the end; past the timeout aborts the communicator.
+    pub(crate) fn wait_event(&self, event: &CudaEvent, during: &str) -> Result<(), CommError> {
+        let deadline = Instant::now() + self.timeout;
+        let mut pause = Duration::from_micros(1);
+        // Bounded by the deadline.
+        loop {
+            self.fail_if_broken()?;
+            let done = event
+                .try_is_complete()
+                .map_err(cuda_err(&self.name, "querying an event"))?;
+            // An operation that completed may still have raised an asynchronous error.
+            self.poll(during)?;
+            if done {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(self.time_out(during));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_micros(200));
         }
     }
 

@@ -7,7 +7,6 @@
 //! timeout passes (every other pending handle then fails too).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use hypercomm_store::Store;
@@ -77,29 +76,14 @@ impl<R> DeviceWork<R> {
     /// Blocks the CPU until the operation completes (or the communicator's timeout passes, which aborts it) and
     /// gives the buffers back.
     pub fn synchronize(mut self) -> Result<R, CommError> {
-        let deadline = Instant::now() + self.comm.timeout;
-        let mut pause = Duration::from_micros(1);
-        // Bounded by the deadline.
-        loop {
-            self.fail_if_broken()?;
-            let done = match &self.event {
-                Some(e) => e
-                    .try_is_complete()
-                    .map_err(cuda_err(&self.comm.name, "querying an event"))?,
-                None => true,
-            };
-            if done {
-                // An operation that completed may still have raised an asynchronous error.
+        match &self.event {
+            Some(e) => self.comm.wait_event(e, "waiting for an operation")?,
+            None => {
+                self.fail_if_broken()?;
                 self.comm.poll("checking a completed operation")?;
-                return self.take();
             }
-            self.comm.poll("waiting for an operation")?;
-            if Instant::now() >= deadline {
-                return Err(self.comm.time_out("waiting for an operation"));
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_micros(200));
         }
+        self.take()
     }
 
     /// Whether the operation has finished on the device. Never blocks.
