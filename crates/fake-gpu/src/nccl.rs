@@ -251,6 +251,21 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
     SUCCESS
 }
 
+/// Writes `value` through `out` for a live communicator `c`.
+///
+/// # Safety
+///
+/// `c` is null or live; `out` is null or valid for one write.
+unsafe fn answer(c: ncclComm_t, out: *mut c_int, value: c_int) -> ncclResult_t {
+    // SAFETY: the caller's contract.
+    if unsafe { comm(c) }.is_none() || out.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null and valid by the contract.
+    unsafe { out.write(value) };
+    SUCCESS
+}
+
 /// `ncclCommCount`: 1.
 ///
 /// # Safety
@@ -259,12 +274,7 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommCount(c: ncclComm_t, count: *mut c_int) -> ncclResult_t {
     // SAFETY: the caller's contract.
-    if unsafe { comm(c) }.is_none() || count.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    // SAFETY: non-null and valid by the contract.
-    unsafe { count.write(1) };
-    SUCCESS
+    unsafe { answer(c, count, 1) }
 }
 
 /// `ncclCommUserRank`: 0.
@@ -275,12 +285,7 @@ pub unsafe extern "C" fn ncclCommCount(c: ncclComm_t, count: *mut c_int) -> nccl
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommUserRank(c: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
     // SAFETY: the caller's contract.
-    if unsafe { comm(c) }.is_none() || rank.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    // SAFETY: non-null and valid by the contract.
-    unsafe { rank.write(0) };
-    SUCCESS
+    unsafe { answer(c, rank, 0) }
 }
 
 /// Releases a communicator.

@@ -431,117 +431,136 @@ impl DeviceCommunicator {
         })
     }
 
-    /// All-reduce in place.
-    pub fn all_reduce<T: Element>(
+    /// Runs the calls `make` builds from the address of `buf` (written to when `writes`, read otherwise), with
+    /// the buffer's cudarc guard held across the enqueue, and hands `buf` to the returned handle.
+    fn one_buffer<T: Element, C: AsRef<[Call]>>(
         &self,
         mut buf: DeviceBuffer<T>,
-        op: ReduceOp,
+        writes: bool,
+        make: impl FnOnce(u64, usize) -> C,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_device("buffer", &buf)?;
         let count = buf.len();
         {
-            let (p, _g) = buf.write_ptr(&self.stream);
-            self.enqueue(&[Call::AllReduce {
+            let (p, _g) = if writes {
+                buf.write_ptr(&self.stream)
+            } else {
+                buf.read_ptr(&self.stream)
+            };
+            self.enqueue(make(p, count).as_ref())?;
+        }
+        self.finish(buf, Vec::new())
+    }
+
+    /// Runs the calls `make` builds from the addresses of `input` (read) and `output` (written), with both
+    /// guards held across the enqueue, and hands both buffers to the returned handle. The caller checks lengths.
+    fn two_buffers<T: Element, C: AsRef<[Call]>>(
+        &self,
+        input: DeviceBuffer<T>,
+        mut output: DeviceBuffer<T>,
+        make: impl FnOnce(u64, u64) -> C,
+    ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
+        self.check_device("input", &input)?;
+        self.check_device("output", &output)?;
+        {
+            let (s, _gs) = input.read_ptr(&self.stream);
+            let (r, _gr) = output.write_ptr(&self.stream);
+            self.enqueue(make(s, r).as_ref())?;
+        }
+        self.finish((input, output), Vec::new())
+    }
+
+    /// All-reduce in place.
+    pub fn all_reduce<T: Element>(
+        &self,
+        buf: DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
+        self.one_buffer(buf, true, |p, count| {
+            [Call::AllReduce {
                 send: p,
                 recv: p,
                 count,
                 dtype: T::DTYPE,
                 op,
-            }])?;
-        }
-        self.finish(buf, Vec::new())
+            }]
+        })
     }
 
     /// All-reduce out of place; returns `(input, output)`.
     pub fn all_reduce_into<T: Element>(
         &self,
         input: DeviceBuffer<T>,
-        mut output: DeviceBuffer<T>,
+        output: DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
-        self.check_device("input", &input)?;
-        self.check_device("output", &output)?;
         self.check_len("all_reduce output", output.len(), input.len())?;
-        {
-            let (s, _gs) = input.read_ptr(&self.stream);
-            let (r, _gr) = output.write_ptr(&self.stream);
-            self.enqueue(&[Call::AllReduce {
-                send: s,
-                recv: r,
-                count: input.len(),
+        let count = input.len();
+        self.two_buffers(input, output, |send, recv| {
+            [Call::AllReduce {
+                send,
+                recv,
+                count,
                 dtype: T::DTYPE,
                 op,
-            }])?;
-        }
-        self.finish((input, output), Vec::new())
+            }]
+        })
     }
 
     /// Broadcast in place from `root`.
     pub fn broadcast<T: Element>(
         &self,
-        mut buf: DeviceBuffer<T>,
+        buf: DeviceBuffer<T>,
         root: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.check_device("buffer", &buf)?;
         self.check_root(root)?;
-        let count = buf.len();
-        {
-            let (p, _g) = buf.write_ptr(&self.stream);
-            self.enqueue(&[Call::Broadcast {
+        self.one_buffer(buf, true, |p, count| {
+            [Call::Broadcast {
                 send: p,
                 recv: p,
                 count,
                 dtype: T::DTYPE,
                 root,
-            }])?;
-        }
-        self.finish(buf, Vec::new())
+            }]
+        })
     }
 
     /// Reduce in place to `root` (other ranks' buffers are left unchanged).
     pub fn reduce<T: Element>(
         &self,
-        mut buf: DeviceBuffer<T>,
+        buf: DeviceBuffer<T>,
         op: ReduceOp,
         root: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.check_device("buffer", &buf)?;
         self.check_root(root)?;
-        let count = buf.len();
-        {
-            let (p, _g) = buf.write_ptr(&self.stream);
-            self.enqueue(&[Call::Reduce {
+        self.one_buffer(buf, true, |p, count| {
+            [Call::Reduce {
                 send: p,
                 recv: p,
                 count,
                 dtype: T::DTYPE,
                 op,
                 root,
-            }])?;
-        }
-        self.finish(buf, Vec::new())
+            }]
+        })
     }
 
     /// All-gather: `output` (`size() * input.len()`) receives every rank's `input` in rank order.
     pub fn all_gather_into<T: Element>(
         &self,
         input: DeviceBuffer<T>,
-        mut output: DeviceBuffer<T>,
+        output: DeviceBuffer<T>,
     ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
-        self.check_device("input", &input)?;
-        self.check_device("output", &output)?;
         self.check_len("all_gather output", output.len(), input.len() * self.size())?;
-        {
-            let (s, _gs) = input.read_ptr(&self.stream);
-            let (r, _gr) = output.write_ptr(&self.stream);
-            self.enqueue(&[Call::AllGather {
-                send: s,
-                recv: r,
-                count: input.len(),
+        let count = input.len();
+        self.two_buffers(input, output, |send, recv| {
+            [Call::AllGather {
+                send,
+                recv,
+                count,
                 dtype: T::DTYPE,
-            }])?;
-        }
-        self.finish((input, output), Vec::new())
+            }]
+        })
     }
 
     /// Reduce-scatter: `input` holds `size()` blocks of `output.len()`; `output` receives the reduction of every
@@ -549,29 +568,24 @@ impl DeviceCommunicator {
     pub fn reduce_scatter_into<T: Element>(
         &self,
         input: DeviceBuffer<T>,
-        mut output: DeviceBuffer<T>,
+        output: DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
-        self.check_device("input", &input)?;
-        self.check_device("output", &output)?;
         self.check_len(
             "reduce_scatter input",
             input.len(),
             output.len() * self.size(),
         )?;
         let count = output.len();
-        {
-            let (s, _gs) = input.read_ptr(&self.stream);
-            let (r, _gr) = output.write_ptr(&self.stream);
-            self.enqueue(&[Call::ReduceScatter {
-                send: s,
-                recv: r,
+        self.two_buffers(input, output, |send, recv| {
+            [Call::ReduceScatter {
+                send,
+                recv,
                 count,
                 dtype: T::DTYPE,
                 op,
-            }])?;
-        }
-        self.finish((input, output), Vec::new())
+            }]
+        })
     }
 
     /// All-to-all with equal blocks, as one NCCL group of sends and receives (works on every NCCL with
@@ -579,10 +593,8 @@ impl DeviceCommunicator {
     pub fn all_to_all_into<T: Element>(
         &self,
         input: DeviceBuffer<T>,
-        mut output: DeviceBuffer<T>,
+        output: DeviceBuffer<T>,
     ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
-        self.check_device("input", &input)?;
-        self.check_device("output", &output)?;
         self.check_len("all_to_all output", output.len(), input.len())?;
         let n = self.size();
         if input.len() % n != 0 {
@@ -593,10 +605,8 @@ impl DeviceCommunicator {
         }
         let block = input.len() / n;
         let bytes = (block * T::DTYPE.size()) as u64;
-        {
-            let (s, _gs) = input.read_ptr(&self.stream);
-            let (r, _gr) = output.write_ptr(&self.stream);
-            let calls: Vec<Call> = (0..n)
+        self.two_buffers(input, output, |s, r| {
+            (0..n)
                 .flat_map(|peer| {
                     let off = peer as u64 * bytes;
                     [
@@ -614,10 +624,8 @@ impl DeviceCommunicator {
                         },
                     ]
                 })
-                .collect();
-            self.enqueue(&calls)?;
-        }
-        self.finish((input, output), Vec::new())
+                .collect::<Vec<Call>>()
+        })
     }
 
     /// Sends `buf` to `peer`.
@@ -626,39 +634,32 @@ impl DeviceCommunicator {
         buf: DeviceBuffer<T>,
         peer: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.check_device("buffer", &buf)?;
         self.check_root(peer)?;
-        {
-            let (p, _g) = buf.read_ptr(&self.stream);
-            self.enqueue(&[Call::Send {
+        self.one_buffer(buf, false, |p, count| {
+            [Call::Send {
                 buf: p,
-                count: buf.len(),
+                count,
                 dtype: T::DTYPE,
                 peer,
-            }])?;
-        }
-        self.finish(buf, Vec::new())
+            }]
+        })
     }
 
     /// Receives into `buf` from `peer`.
     pub fn recv<T: Element>(
         &self,
-        mut buf: DeviceBuffer<T>,
+        buf: DeviceBuffer<T>,
         peer: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.check_device("buffer", &buf)?;
         self.check_root(peer)?;
-        let count = buf.len();
-        {
-            let (p, _g) = buf.write_ptr(&self.stream);
-            self.enqueue(&[Call::Recv {
+        self.one_buffer(buf, true, |p, count| {
+            [Call::Recv {
                 buf: p,
                 count,
                 dtype: T::DTYPE,
                 peer,
-            }])?;
-        }
-        self.finish(buf, Vec::new())
+            }]
+        })
     }
 
     /// All-reduce in place over the elements of `view` in `buf`. A contiguous view runs directly on its part of
@@ -682,11 +683,8 @@ impl DeviceCommunicator {
             op,
         };
         if view.is_contiguous() {
-            {
-                let (p, _g) = buf.write_ptr(&self.stream);
-                self.enqueue(&[reduce(p + (view.offset() * width) as u64)])?;
-            }
-            return self.finish(buf, Vec::new());
+            let offset = (view.offset() * width) as u64;
+            return self.one_buffer(buf, true, |p, _| [reduce(p + offset)]);
         }
         let kernels = self.gpu.kernels()?;
         let mut staging = self.gpu.alloc_zeros::<u8>(view.len() * width)?;
