@@ -250,7 +250,7 @@ impl Nccl {
 
 #[cfg(test)]
 mod tests {
-    use super::search::testing::{Scratch, missing_sonames};
+    use super::search::testing::{Scratch, missing_sonames, write_script};
     use super::*;
     use std::ffi::OsString;
     use std::time::Duration;
@@ -364,9 +364,7 @@ mod tests {
         let without_lib = scratch.0.join("other-site");
         let script = scratch.0.join("fake-python");
         let answer = format!("{}\n{}\n", without_lib.display(), with_lib.display());
-        std::fs::write(&script, format!("#!/bin/sh\nprintf '%s' '{answer}'\n")).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        write_script(&script, &format!("printf '%s' '{answer}'"));
         let config = SearchConfig {
             library_override: None,
             sonames: missing_sonames(),

@@ -179,14 +179,26 @@ pub(super) fn ask_python(probe: &PythonProbe) -> Result<Vec<PathBuf>, String> {
         dirs.append(site.getusersitepackages())\n\
         dirs.extend(p for p in sys.path if p)\n\
         print('\\n'.join(dirs))\n";
-    let mut child = Command::new(&probe.interpreter)
-        .args(["-c", SCRIPT])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("could not start it: {e}"))?;
     let deadline = Instant::now() + probe.timeout;
+    let spawn = || {
+        Command::new(&probe.interpreter)
+            .args(["-c", SCRIPT])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+    };
+    // ETXTBSY: the interpreter file was just written and another thread's fork still holds a copy of that
+    // write descriptor until its exec; that clears within moments. Retried until the deadline, then reported.
+    const TEXT_FILE_BUSY: i32 = 26;
+    let mut child = loop {
+        match spawn() {
+            Err(e) if e.raw_os_error() == Some(TEXT_FILE_BUSY) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            other => break other.map_err(|e| format!("could not start it: {e}"))?,
+        }
+    };
     // Bounded: one poll every 10 ms until the deadline, then the child is killed.
     let status = loop {
         match child.try_wait() {
@@ -240,6 +252,13 @@ pub(super) mod testing {
         }
     }
 
+    /// Writes an executable shell script `body` at `path` (a stand-in Python interpreter).
+    pub fn write_script(path: &std::path::Path, body: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
     /// Names no system has, so the dynamic linker step fails the same way everywhere.
     pub fn missing_sonames() -> Vec<OsString> {
         vec![
@@ -251,7 +270,7 @@ pub(super) mod testing {
 
 #[cfg(test)]
 mod tests {
-    use super::testing::Scratch;
+    use super::testing::{Scratch, write_script};
     use super::*;
     use std::collections::HashMap;
 
@@ -267,9 +286,7 @@ mod tests {
     fn python_probe_that_hangs_is_killed_after_its_timeout() {
         let scratch = Scratch::new("slow-python");
         let script = scratch.0.join("slow-python");
-        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        write_script(&script, "exec sleep 30");
         let probe = PythonProbe {
             interpreter: script.into_os_string(),
             timeout: Duration::from_millis(200),
@@ -286,13 +303,10 @@ mod tests {
         let scratch = Scratch::new("echo-python");
         let script = scratch.0.join("echo-python");
         // Ignores its arguments and prints two folders, as python3 -c would.
-        std::fs::write(
+        write_script(
             &script,
-            "#!/bin/sh\nprintf '/a/site-packages\\n\\n/b/dist-packages\\n'\n",
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+            "printf '/a/site-packages\\n\\n/b/dist-packages\\n'",
+        );
         let probe = PythonProbe {
             interpreter: script.into_os_string(),
             timeout: Duration::from_secs(30),
