@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `blocking` | `blocking` (unset: 0, non-blocking, polled by the backend) | 2.14 |
 //! | `cga_cluster_size` | `cgaClusterSize` (0..=8) | 2.17 |
-//! | `min_ctas`, `max_ctas` | `minCTAs`, `maxCTAs` (>= 1, min <= max) | 2.17 |
+//! | `min_ctas`, `max_ctas` | `minCTAs`, `maxCTAs` (1..=64, min <= max; see below) | 2.17 |
 //! | `net_name` | `netName` | 2.17 |
 //! | `split_share` | `splitShare` | 2.18 |
 //! | `traffic_class` | `trafficClass` | 2.25 |
@@ -19,6 +19,12 @@
 //! are [`CommError::UnsupportedOption`]. Two defaults are not knobs and degrade instead of failing: before 2.14
 //! (no configs) the communicator is blocking, and before 2.27 the name is only hypercomm's (in its errors and
 //! store keys), not NCCL's; `name` is mandatory in `CommOptions`, so refusing it would refuse every old NCCL.
+//!
+//! **One CTA bound.** NCCL's config check (`parseCommConfig`, 2.17 through 2.30) compares `minCTAs > maxCTAs`
+//! even when one of them is unset (`NCCL_CONFIG_UNDEF_INT`, `INT_MIN`), so a config with only `minCTAs` is always
+//! refused as an invalid argument. When only one bound is given, hypercomm fills the other with NCCL's own
+//! default (`minCTAs` 1, `maxCTAs` [`MAX_CTAS`]), which is what NCCL would have used. Bounds above [`MAX_CTAS`]
+//! are refused: NCCL would cap them without a word.
 
 use std::ffi::CString;
 use std::os::raw::c_int;
@@ -32,6 +38,13 @@ use crate::options::{Algorithm, CommOptions};
 
 /// `NCCL_MAX_CGA_CLUSTER_SIZE`: NCCL clamps larger cluster sizes; hypercomm refuses them instead.
 pub(crate) const MAX_CGA_CLUSTER_SIZE: u32 = 8;
+
+/// `MAXCHANNELS`: NCCL's default `maxCTAs`, and the most channels (CTAs) a collective can use. NCCL caps larger
+/// bounds; hypercomm refuses them instead.
+pub(crate) const MAX_CTAS: u32 = 64;
+
+/// NCCL's default `minCTAs`.
+const DEFAULT_MIN_CTAS: c_int = 1;
 
 /// Which priority the communicator's stream gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,10 +167,21 @@ pub(crate) fn translate(options: &CommOptions, loaded: Version) -> Result<NcclSe
         if v == 0 {
             return Err(invalid(format!("{option}=0 must be at least 1")));
         }
+        if v > MAX_CTAS {
+            return Err(invalid(format!(
+                "{option}={v} exceeds nccl's maximum of {MAX_CTAS} channels"
+            )));
+        }
         to_int(option, v).map(Some)
     };
     let min_ctas = ctas("min_ctas", ConfigField::MinCtas, options.min_ctas)?;
     let max_ctas = ctas("max_ctas", ConfigField::MaxCtas, options.max_ctas)?;
+    // NCCL refuses a config with one bound set and the other unset (see the module doc): fill in its default.
+    let (min_ctas, max_ctas) = match (min_ctas, max_ctas) {
+        (Some(lo), None) => (Some(lo), Some(MAX_CTAS as c_int)),
+        (None, Some(hi)) => (Some(DEFAULT_MIN_CTAS.min(hi)), Some(hi)),
+        both => both,
+    };
     if let (Some(lo), Some(hi)) = (min_ctas, max_ctas)
         && lo > hi
     {
@@ -428,6 +452,55 @@ mod tests {
                 other => panic!("{name}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn one_cta_bound_gets_nccls_default_for_the_other() {
+        // NCCL 2.28 and 2.30 refuse minCTAs=1 with maxCTAs unset ("Invalid config min/max channels attribute
+        // value 1/-2147483648"): the unset bound must never reach it.
+        let only_min = CommOptions {
+            min_ctas: Some(1),
+            ..CommOptions::named("c")
+        };
+        let c = translate(&only_min, NEW).unwrap().raw();
+        assert_eq!((c.minCTAs, c.maxCTAs), (1, 64));
+        let only_max = CommOptions {
+            max_ctas: Some(4),
+            ..CommOptions::named("c")
+        };
+        let c = translate(&only_max, NEW).unwrap().raw();
+        assert_eq!((c.minCTAs, c.maxCTAs), (1, 4));
+        for (lo, hi) in [(Some(64), None), (None, Some(1)), (Some(3), Some(3))] {
+            let c = translate(
+                &CommOptions {
+                    min_ctas: lo,
+                    max_ctas: hi,
+                    ..CommOptions::named("c")
+                },
+                NEW,
+            )
+            .unwrap()
+            .raw();
+            assert!(
+                c.minCTAs >= 1 && c.maxCTAs >= c.minCTAs && c.maxCTAs <= 64,
+                "{lo:?}/{hi:?} gave {}/{}",
+                c.minCTAs,
+                c.maxCTAs
+            );
+        }
+        let e = translate(
+            &CommOptions {
+                min_ctas: Some(65),
+                ..CommOptions::named("c")
+            },
+            NEW,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("min_ctas=65 exceeds nccl's maximum of 64"),
+            "{e}"
+        );
     }
 
     #[test]
