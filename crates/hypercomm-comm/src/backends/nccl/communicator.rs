@@ -264,27 +264,37 @@ impl DeviceCommunicator {
         }
         let nccl = self.gpu.runtime().nccl();
         let settings = translate(&options, nccl.version())?;
-        let (handle, first) = self.comm.with_handle(|parent| {
+        let (mut slot, first) = self.comm.with_handle(|parent| {
             raw::split(nccl, parent, color, key, &settings)
                 .map_err(|e| self.comm.error("ncclCommSplit", e))
         })?;
-        // The parent must settle too: a non-blocking split is in progress on both.
+        // A non-blocking split is in progress on the parent, and NCCL writes the child into the slot only when it
+        // completes: wait for the parent to settle before reading it. (On an error the slot is leaked, not
+        // freed: NCCL may still write to it.)
         if first == Progress::Pending {
             self.comm.wait_ready("splitting")?;
         }
-        if color.is_none() || handle.0.is_null() {
-            return Ok(None);
-        }
+        slot.settle();
+        let handle = match (color, slot.child()) {
+            (None, _) => return Ok(None),
+            (Some(_), Some(h)) => h,
+            (Some(c), None) => {
+                return Err(self.comm.error_text(
+                    "ncclCommSplit",
+                    format!("the split with color {c} completed without a child communicator"),
+                ));
+            }
+        };
         let child = NcclComm::adopt(
             Arc::clone(self.gpu.runtime()),
             handle,
-            first,
+            Progress::Pending,
             options.name.clone(),
             options.timeout,
             settings.non_blocking(),
         )?;
-        let count = nccl_count(&child, nccl)?;
-        let rank = nccl_rank(&child, nccl)?;
+        let count = child.count()?;
+        let rank = child.user_rank()?;
         Self::assemble(
             Arc::clone(&self.gpu),
             child,
@@ -321,14 +331,25 @@ impl DeviceCommunicator {
             ..self.options.clone()
         };
         let settings = translate(&options, nccl.version())?;
-        let (handle, first) = self.comm.with_handle(|parent| {
+        let (mut slot, first) = self.comm.with_handle(|parent| {
             raw::shrink(nccl, parent, exclude, &settings, abort_first)
                 .map_err(|e| self.comm.error("ncclCommShrink", e))
+        })?;
+        // As for split: the child is written when the shrink completes on the parent.
+        if first == Progress::Pending {
+            self.comm.wait_ready("shrinking")?;
+        }
+        slot.settle();
+        let handle = slot.child().ok_or_else(|| {
+            self.comm.error_text(
+                "ncclCommShrink",
+                "the shrink completed without a child communicator".into(),
+            )
         })?;
         let child = NcclComm::adopt(
             Arc::clone(self.gpu.runtime()),
             handle,
-            first,
+            Progress::Pending,
             options.name.clone(),
             options.timeout,
             settings.non_blocking(),
@@ -337,7 +358,7 @@ impl DeviceCommunicator {
             .filter(|r| !exclude.contains(r))
             .map(|r| self.ranks[r])
             .collect();
-        let rank = nccl_rank(&child, nccl)?;
+        let rank = child.user_rank()?;
         Self::assemble(Arc::clone(&self.gpu), child, settings, options, ranks, rank)
     }
 
@@ -358,6 +379,10 @@ impl DeviceCommunicator {
 
     fn check_root(&self, root: usize) -> Result<(), CommError> {
         crate::checks::root(&self.options.name, self.size(), root)
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<(), CommError> {
+        crate::checks::peer(&self.options.name, self.size(), self.rank, peer)
     }
 
     fn check_len(&self, what: &str, got: usize, expected: usize) -> Result<(), CommError> {
@@ -628,13 +653,14 @@ impl DeviceCommunicator {
         })
     }
 
-    /// Sends `buf` to `peer`.
+    /// Sends `buf` to `peer` (another rank; NCCL matches sends and receives between two ranks by order, and an
+    /// ungrouped send waits until the peer receives).
     pub fn send<T: Element>(
         &self,
         buf: DeviceBuffer<T>,
         peer: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.check_root(peer)?;
+        self.check_peer(peer)?;
         self.one_buffer(buf, false, |p, count| {
             [Call::Send {
                 buf: p,
@@ -651,7 +677,7 @@ impl DeviceCommunicator {
         buf: DeviceBuffer<T>,
         peer: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.check_root(peer)?;
+        self.check_peer(peer)?;
         self.one_buffer(buf, true, |p, count| {
             [Call::Recv {
                 buf: p,
@@ -825,36 +851,6 @@ pub(crate) fn member_position(name: &str, ranks: &[usize], me: usize) -> Result<
         )));
     }
     Ok(rank)
-}
-
-fn nccl_count(comm: &NcclComm, nccl: &nccl_sys::Nccl) -> Result<usize, CommError> {
-    comm.with_handle(|h| {
-        let api = nccl
-            .api(nccl_sys::Function::CommCount)
-            .map_err(|e| comm.error("ncclCommCount", e))?;
-        let mut n = 0;
-        // SAFETY: `h` is live and serialised; NCCL writes one int into a live local.
-        let raw = unsafe { api.ncclCommCount(h.0, &mut n) };
-        // SAFETY: `h` is live.
-        unsafe { nccl.check(nccl_sys::Function::CommCount, raw, h.0) }
-            .map_err(|e| comm.error("ncclCommCount", e))?;
-        Ok(usize::try_from(n).unwrap_or(0))
-    })
-}
-
-fn nccl_rank(comm: &NcclComm, nccl: &nccl_sys::Nccl) -> Result<usize, CommError> {
-    comm.with_handle(|h| {
-        let api = nccl
-            .api(nccl_sys::Function::CommUserRank)
-            .map_err(|e| comm.error("ncclCommUserRank", e))?;
-        let mut r = 0;
-        // SAFETY: `h` is live and serialised; NCCL writes one int into a live local.
-        let raw = unsafe { api.ncclCommUserRank(h.0, &mut r) };
-        // SAFETY: `h` is live.
-        unsafe { nccl.check(nccl_sys::Function::CommUserRank, raw, h.0) }
-            .map_err(|e| comm.error("ncclCommUserRank", e))?;
-        Ok(usize::try_from(r).unwrap_or(0))
-    })
 }
 
 #[cfg(test)]

@@ -1,9 +1,19 @@
 //! Each NCCL call the backend makes, turned into a `Result`: the one place with `unsafe` NCCL calls.
 //!
-//! Nothing here owns anything. A call on a non-blocking communicator may answer `ncclInProgress`; that is
+//! Nothing here owns a communicator. A call on a non-blocking communicator may answer `ncclInProgress`; that is
 //! [`Progress::Pending`], not an error, and the caller polls [`async_error`] until the communicator is ready.
+//!
+//! **Out-pointers.** Every pointer NCCL writes through is audited here. `ncclGetUniqueId`,
+//! `ncclCommInitRank[Config]` (the handle is written before the call returns, even non-blocking),
+//! `ncclCommGetAsyncError`, `ncclCommCount` and `ncclCommUserRank` write before they return, so a local is
+//! enough. `ncclCommSplit` and `ncclCommShrink` are different: on a non-blocking parent NCCL keeps the
+//! `newcomm` address in an asynchronous job, sets `*newcomm` to null at once, and writes the child's handle
+//! only when the job completes, from its own thread (`ncclCommInitChildComm`, "`*newcomm` should be
+//! NCCL_COMM_NULL until comm split fully complete"). Their child goes into a [`ChildSlot`] on the heap, read
+//! only after the parent reports completion, and leaked rather than freed when it never does.
 
 use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use nccl_sys::sys::{self, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId};
 use nccl_sys::{Function, Nccl, NcclError};
@@ -114,58 +124,141 @@ pub(crate) fn init_rank(
     Ok((CommHandle(comm), p))
 }
 
-/// `ncclCommSplit`; `color` `None` is `NCCL_SPLIT_NOCOLOR` (the child handle is then null).
+/// Where NCCL writes the handle of a child communicator that `ncclCommSplit` or `ncclCommShrink` creates,
+/// possibly later, from its own thread (see the module doc).
+///
+/// Invariant: the slot's memory stays allocated for as long as NCCL may write to it. It is freed only after
+/// [`ChildSlot::settle`], which the caller calls once the parent has reported the operation complete; a slot
+/// dropped unsettled (the creation failed or timed out) is leaked, eight bytes, so that a late write lands in
+/// live memory.
+pub(crate) struct ChildSlot {
+    cell: *mut AtomicPtr<sys::ncclComm>,
+    settled: bool,
+}
+
+impl ChildSlot {
+    fn new() -> ChildSlot {
+        ChildSlot {
+            cell: Box::into_raw(Box::new(AtomicPtr::new(std::ptr::null_mut()))),
+            settled: false,
+        }
+    }
+
+    /// The address to hand NCCL as `newcomm`.
+    fn out(&self) -> *mut ncclComm_t {
+        // SAFETY: `cell` is a live allocation (freed only in Drop); `AtomicPtr<T>` has the layout of `*mut T`.
+        unsafe { (*self.cell).as_ptr() }
+    }
+
+    /// Marks the creation complete (the parent answered `Done`, or a blocking call returned): NCCL will not
+    /// write again, so the slot may be read and freed.
+    pub(crate) fn settle(&mut self) {
+        self.settled = true;
+    }
+
+    /// The child's handle, once [`settle`](Self::settle)d; `None` when NCCL wrote none (no color) or the slot
+    /// is not settled.
+    pub(crate) fn child(&self) -> Option<CommHandle> {
+        if !self.settled {
+            return None;
+        }
+        // SAFETY: `cell` is live; NCCL stores the handle with release ordering, read here with acquire.
+        let p = unsafe { (*self.cell).load(Ordering::Acquire) };
+        (!p.is_null()).then_some(CommHandle(p))
+    }
+}
+
+impl Drop for ChildSlot {
+    fn drop(&mut self) {
+        if self.settled {
+            // SAFETY: `cell` came from Box::into_raw in `new`, and NCCL no longer writes to it once settled.
+            drop(unsafe { Box::from_raw(self.cell) });
+        }
+        // Unsettled: leaked on purpose, NCCL may still write the handle (see the type's invariant).
+    }
+}
+
+// SAFETY: the slot is a heap cell only NCCL writes (atomically) and the owner reads after settling; moving it
+// between threads moves only the pointer.
+unsafe impl Send for ChildSlot {}
+
+/// `ncclCommSplit`; `color` `None` is `NCCL_SPLIT_NOCOLOR` (no child is written then). The child lands in the
+/// returned slot when the split completes: at once for a blocking parent, when the parent stops answering
+/// `Pending` otherwise.
 pub(crate) fn split(
     nccl: &Nccl,
     parent: CommHandle,
     color: Option<u32>,
     key: i64,
     settings: &NcclSettings,
-) -> Result<(CommHandle, Progress), NcclError> {
+) -> Result<(ChildSlot, Progress), NcclError> {
     let api = nccl.api(Function::CommSplit)?;
     let color = color.map_or(sys::NCCL_SPLIT_NOCOLOR, |c| {
         c_int::try_from(c).unwrap_or(c_int::MAX)
     });
     let key = c_int::try_from(key).unwrap_or(if key < 0 { c_int::MIN } else { c_int::MAX });
-    let mut child: ncclComm_t = std::ptr::null_mut();
+    let slot = ChildSlot::new();
     let mut config = settings.raw();
-    // SAFETY: `parent` is live (owned by the caller's NcclComm, calls serialised); `child` and `config` are live
-    // locals; the config's strings live in `settings` for the call.
-    let raw = unsafe { api.ncclCommSplit(parent.0, color, key, &mut child, &mut config) };
+    // SAFETY: `parent` is live (owned by the caller's NcclComm, calls serialised); `slot.out()` stays valid until
+    // NCCL is done with it (ChildSlot's invariant); `config` is a live local whose strings live in `settings`
+    // for the call (NCCL copies the config).
+    let raw = unsafe { api.ncclCommSplit(parent.0, color, key, slot.out(), &mut config) };
     let p = progress(nccl, Function::CommSplit, raw, parent.0)?;
-    Ok((CommHandle(child), p))
+    Ok((slot, p))
 }
 
-/// `ncclCommShrink` without the ranks in `exclude` (NCCL 2.27+; the gate refuses older libraries).
+/// `ncclCommShrink` without the ranks in `exclude` (NCCL 2.27+; the gate refuses older libraries). The child
+/// lands in the returned slot as for [`split`].
 pub(crate) fn shrink(
     nccl: &Nccl,
     parent: CommHandle,
     exclude: &[usize],
     settings: &NcclSettings,
     abort_first: bool,
-) -> Result<(CommHandle, Progress), NcclError> {
+) -> Result<(ChildSlot, Progress), NcclError> {
     let api = nccl.api(Function::CommShrink)?;
     let mut list: Vec<c_int> = exclude.iter().map(|&r| to_int(r)).collect();
-    let mut child: ncclComm_t = std::ptr::null_mut();
+    let slot = ChildSlot::new();
     let mut config = settings.raw();
     let flags = if abort_first {
         sys::NCCL_SHRINK_ABORT
     } else {
         sys::NCCL_SHRINK_DEFAULT
     } as c_int;
-    // SAFETY: `parent` is live; `list` holds `list.len()` ints for the call; `child` and `config` are live locals.
+    // SAFETY: `parent` is live; `list` holds `list.len()` ints for the call (NCCL copies the list before
+    // returning); `slot.out()` stays valid until NCCL is done with it; `config` is a live local.
     let raw = unsafe {
         api.ncclCommShrink(
             parent.0,
             list.as_mut_ptr(),
             to_int(list.len()),
-            &mut child,
+            slot.out(),
             &mut config,
             flags,
         )
     };
     let p = progress(nccl, Function::CommShrink, raw, parent.0)?;
-    Ok((CommHandle(child), p))
+    Ok((slot, p))
+}
+
+/// `ncclCommCount`: the number of ranks.
+pub(crate) fn count(nccl: &Nccl, comm: CommHandle) -> Result<usize, NcclError> {
+    let api = nccl.api(Function::CommCount)?;
+    let mut n: c_int = 0;
+    // SAFETY: `comm` is live and serialised by its owner; NCCL writes one int into a live local before returning.
+    let raw = unsafe { api.ncclCommCount(comm.0, &mut n) };
+    progress(nccl, Function::CommCount, raw, comm.0)?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// `ncclCommUserRank`: this rank's rank.
+pub(crate) fn user_rank(nccl: &Nccl, comm: CommHandle) -> Result<usize, NcclError> {
+    let api = nccl.api(Function::CommUserRank)?;
+    let mut r: c_int = 0;
+    // SAFETY: `comm` is live and serialised by its owner; NCCL writes one int into a live local before returning.
+    let raw = unsafe { api.ncclCommUserRank(comm.0, &mut r) };
+    progress(nccl, Function::CommUserRank, raw, comm.0)?;
+    Ok(usize::try_from(r).unwrap_or(0))
 }
 
 /// `ncclCommGetAsyncError`: `Done` when the communicator is idle and healthy, `Pending` while an operation is
