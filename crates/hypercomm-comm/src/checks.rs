@@ -22,6 +22,19 @@ pub(crate) fn root(comm: &str, size: usize, root: usize) -> Result<(), CommError
     Ok(())
 }
 
+/// `peer` of a send or receive must be another rank of a `size`-rank communicator whose own rank is `rank`.
+pub(crate) fn peer(comm: &str, size: usize, rank: usize, peer: usize) -> Result<(), CommError> {
+    if peer >= size || peer == rank {
+        return Err(invalid(
+            comm,
+            format!(
+                "peer {peer} is not another rank of this {size}-rank communicator (this is rank {rank})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A buffer (`what`) must have exactly `expected` elements.
 pub(crate) fn len(comm: &str, what: &str, got: usize, expected: usize) -> Result<(), CommError> {
     if got != expected {

@@ -573,14 +573,7 @@ impl Communicator {
     }
 
     fn check_peer(&self, peer: usize) -> Result<(), CommError> {
-        if peer >= self.size() || peer == self.rank {
-            return Err(self.invalid(format!(
-                "peer {peer} is not another rank of this {}-rank communicator (this is rank {})",
-                self.size(),
-                self.rank
-            )));
-        }
-        Ok(())
+        crate::checks::peer(&self.name, self.size(), self.rank, peer)
     }
 
     /// Sends `buf` to `peer` with `tag`. Messages between two ranks arrive in order; the matching

@@ -69,6 +69,10 @@ pub struct OverheadResult {
     pub raw_ns: f64,
     /// Median per-call time of [`DeviceCommunicator::all_reduce`] plus `wait` on its stream, in nanoseconds.
     pub hypercomm_ns: f64,
+    /// Of the raw calls, how many answered `ncclInProgress` (a non-blocking communicator still settling); the
+    /// raw side's time includes polling `ncclCommGetAsyncError` until they settled, as any caller must before
+    /// its next call on that communicator.
+    pub raw_in_progress: usize,
 }
 
 impl OverheadResult {
@@ -337,9 +341,11 @@ fn measure_overhead(
         drain(comm)?;
     }
     let (mut raw, mut ours) = (Vec::with_capacity(batches), Vec::with_capacity(batches));
+    let mut raw_in_progress = 0;
     for _ in 0..batches {
-        let (t, issued) = raw_batch(comm, &mut buf, calls)?;
-        raw.push(t.as_secs_f64() * 1e9 / issued.max(1) as f64);
+        let (t, pending) = raw_batch(comm, &mut buf, calls)?;
+        raw_in_progress += pending;
+        raw.push(t.as_secs_f64() * 1e9 / calls.max(1) as f64);
         drain(comm)?;
         let (b, t) = hypercomm_batch(comm, buf, calls)?;
         buf = b;
@@ -351,6 +357,7 @@ fn measure_overhead(
         batches,
         raw_ns: median(raw),
         hypercomm_ns: median(ours),
+        raw_in_progress,
     })
 }
 
@@ -367,9 +374,10 @@ fn hypercomm_batch(
     Ok((buf, start.elapsed()))
 }
 
-/// Up to `calls` in-place sum all-reduces of `buf` with `ncclAllReduce` called directly (one lock for the
-/// batch); returns the CPU time they took and how many were issued (fewer when a non-blocking communicator asked
-/// to settle first).
+/// `calls` in-place sum all-reduces of `buf` with `ncclAllReduce` called directly (one lock for the batch).
+/// A call that answers `ncclInProgress` is followed, inside the timed loop, by polling `ncclCommGetAsyncError`
+/// until it settles, as NCCL requires before the next call on a non-blocking communicator. Returns the CPU time
+/// and how many calls answered `ncclInProgress`.
 fn raw_batch(
     comm: &DeviceCommunicator,
     buf: &mut DeviceBuffer<f32>,
@@ -379,21 +387,29 @@ fn raw_batch(
     let count = buf.len();
     let stream = comm.stream().cu_stream() as sys::cudaStream_t;
     let owner = comm.nccl_comm();
-    let api = nccl
-        .api(Function::AllReduce)
-        .map_err(|e| owner.error("ncclAllReduce", e))?;
+    let (all_reduce, async_error) = match (
+        nccl.api(Function::AllReduce),
+        nccl.api(Function::CommGetAsyncError),
+    ) {
+        (Ok(a), Ok(e)) => (a, e),
+        (Err(e), _) | (_, Err(e)) => return Err(owner.error("the raw all-reduce baseline", e)),
+    };
     let (p, _guard) = buf.write_ptr(comm.stream());
     let addr = p as usize as *mut c_void;
-    let (elapsed, issued, pending) = owner.with_handle(|h| {
-        let mut pending = false;
-        let mut issued = 0;
+    let deadline = Instant::now() + owner.timeout;
+    owner.with_handle(|h| {
+        let fail = |what: &str, r: sys::ncclResult_t| CommError::Device {
+            comm: comm.name().to_owned(),
+            what: format!("{what} returned {r}"),
+        };
+        let mut in_progress = 0;
         let start = Instant::now();
-        while issued < calls {
+        for _ in 0..calls {
             // SAFETY: `h` is live and serialised by `with_handle`; `stream` is this communicator's stream on the
             // buffer's device; `addr` holds `count` f32s, and `_guard` records the buffer's write event after
             // these calls, so it is not released or read elsewhere before they complete.
             let r = unsafe {
-                api.ncclAllReduce(
+                all_reduce.ncclAllReduce(
                     addr,
                     addr,
                     count,
@@ -403,26 +419,32 @@ fn raw_batch(
                     stream,
                 )
             };
-            if r != sys::ncclSuccess && r != sys::ncclInProgress {
-                return Err(CommError::Device {
-                    comm: comm.name().to_owned(),
-                    what: format!("ncclAllReduce returned {r}"),
-                });
-            }
-            issued += 1;
-            if r == sys::ncclInProgress {
-                // Non-blocking: the call is queued; the communicator must settle before the next one.
-                pending = true;
-                break;
+            match r {
+                sys::ncclSuccess => {}
+                sys::ncclInProgress => {
+                    in_progress += 1;
+                    // Bounded by the communicator's timeout.
+                    loop {
+                        let mut state = sys::ncclSuccess;
+                        // SAFETY: `h` is live and serialised; NCCL writes one result into a live local.
+                        let r = unsafe { async_error.ncclCommGetAsyncError(h.0, &mut state) };
+                        match (r, state) {
+                            (sys::ncclSuccess, sys::ncclSuccess) => break,
+                            (sys::ncclSuccess, sys::ncclInProgress)
+                                if Instant::now() < deadline =>
+                            {
+                                std::hint::spin_loop()
+                            }
+                            (sys::ncclSuccess, s) => return Err(fail("ncclCommGetAsyncError", s)),
+                            (r, _) => return Err(fail("ncclCommGetAsyncError", r)),
+                        }
+                    }
+                }
+                r => return Err(fail("ncclAllReduce", r)),
             }
         }
-        Ok((start.elapsed(), issued, pending))
-    })?;
-    if pending {
-        // Happens while NCCL is still connecting (warm-up); settle, and count only the calls issued.
-        owner.wait_ready("the raw all-reduce baseline")?;
-    }
-    Ok((elapsed, issued))
+        Ok((start.elapsed(), in_progress))
+    })
 }
 
 #[cfg(test)]
@@ -461,6 +483,7 @@ mod tests {
             batches: 9,
             raw_ns: 1500.0,
             hypercomm_ns: 2700.0,
+            raw_in_progress: 0,
         };
         assert_eq!(r.extra_ns(), 1200.0);
     }
