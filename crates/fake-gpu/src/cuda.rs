@@ -1,13 +1,17 @@
-//! The driver half: devices, the primary context, streams, events and memory, all synchronous on the host.
+//! The driver half: devices, the primary context, streams, events and memory on the host.
 //!
 //! Signatures follow `cuda.h` of CUDA 13; enums travel as their `int` values and handles as pointers this module
-//! boxes (streams: a byte; events: the instant they were recorded).
+//! boxes. Work on a stream runs later, on the stream's worker ([`crate::stream`]), and events complete when the
+//! stream reaches them ([`crate::event`]), so code that forgets to wait reads stale memory here as on a GPU.
+//! Copies follow CUDA's rules for pageable host memory: host-to-device takes its bytes at the call and lands in
+//! stream order; device-to-host waits for the stream, then copies before returning.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::Arc;
 
-use crate::memory;
+use crate::event::Event;
+use crate::stream::{self, Stream};
+use crate::{knobs, memory};
 
 type CuResult = c_uint;
 const SUCCESS: CuResult = 0;
@@ -15,21 +19,22 @@ const INVALID_VALUE: CuResult = 1;
 const OUT_OF_MEMORY: CuResult = 2;
 const NOT_READY: CuResult = 600;
 const NOT_SUPPORTED: CuResult = 801;
+/// `CUDA_ERROR_LAUNCH_FAILED`: what a stream whose work failed or hung answers from then on.
+const LAUNCH_FAILED: CuResult = 719;
+
+/// The driver's answer for a stream or event call that failed (the text went to stderr).
+fn failed(what: &str, e: String) -> CuResult {
+    eprintln!("fake-cuda: {what}: {e}");
+    LAUNCH_FAILED
+}
 
 /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` / `_MINOR` and `_MEMORY_POOLS_SUPPORTED`.
 const ATTRIBUTE_CC_MAJOR: c_int = 75;
 const ATTRIBUTE_CC_MINOR: c_int = 76;
 const ATTRIBUTE_MEMORY_POOLS: c_int = 115;
 
-fn env_int(name: &str, default: i64) -> i64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn devices() -> c_int {
-    c_int::try_from(env_int("FAKE_GPU_DEVICES", 1)).unwrap_or(1)
+    knobs::devices()
 }
 
 /// Writes `value` through `out` unless it is null; `INVALID_VALUE` for null.
@@ -130,34 +135,49 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(_device: c_int) -> CuResult {
     SUCCESS
 }
 
-/// `cuCtxSetCurrent`.
+thread_local! {
+    /// The calling thread's current context, as the driver keeps it: the device's token (ordinal + 1), or 0 for
+    /// none.
+    static CURRENT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The device of the calling thread's current context (device 0 when none was made current).
+pub(crate) fn current_device() -> usize {
+    CURRENT.with(|c| c.get()).saturating_sub(1)
+}
+
+/// `cuCtxSetCurrent`: the context becomes the calling thread's.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSetCurrent(_context: *mut c_void) -> CuResult {
+pub extern "C" fn cuCtxSetCurrent(context: *mut c_void) -> CuResult {
+    CURRENT.with(|c| c.set(context as usize));
     SUCCESS
 }
 
-/// `cuCtxGetCurrent`: device 0's context (the token 1, as [`cuDevicePrimaryCtxRetain`] makes it).
+/// `cuCtxGetCurrent`: the calling thread's context (null when none).
 ///
 /// # Safety
 ///
 /// `context` is valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCurrent(context: *mut *mut c_void) -> CuResult {
-    let token = std::ptr::without_provenance_mut::<c_void>(1);
+    let token = std::ptr::without_provenance_mut::<c_void>(CURRENT.with(|c| c.get()));
     // SAFETY: the caller's contract.
     unsafe { put(context, token) }
 }
 
-/// `cuCtxSynchronize`: nothing is ever in flight.
+/// `cuCtxSynchronize`: waits for every stream.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CuResult {
-    SUCCESS
+    match stream::synchronize_all() {
+        Ok(()) => SUCCESS,
+        Err(e) => failed("cuCtxSynchronize", e),
+    }
 }
 
 /// `cuCtxSynchronize_v2` (CUDA 13's name).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize_v2(_context: *mut c_void) -> CuResult {
-    SUCCESS
+    cuCtxSynchronize()
 }
 
 /// `cuCtxGetStreamPriorityRange`: 0 (least) to -5 (greatest).
@@ -182,16 +202,21 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
     SUCCESS
 }
 
-/// `cuStreamCreate`: a boxed byte as the handle.
+/// `cuStreamCreate`: a stream with its own worker thread.
 ///
 /// # Safety
 ///
 /// `stream` is valid for one write.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, _flags: c_uint) -> CuResult {
-    let handle = Box::into_raw(Box::new(0u8)).cast::<c_void>();
+pub unsafe extern "C" fn cuStreamCreate(out: *mut *mut c_void, _flags: c_uint) -> CuResult {
+    if out.is_null() {
+        return INVALID_VALUE;
+    }
+    let Some(s) = Stream::spawn() else {
+        return OUT_OF_MEMORY;
+    };
     // SAFETY: the caller's contract.
-    unsafe { put(stream, handle) }
+    unsafe { put(out, stream::into_handle(s)) }
 }
 
 /// `cuStreamCreateWithPriority`.
@@ -209,7 +234,7 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
     unsafe { cuStreamCreate(stream, flags) }
 }
 
-/// `cuStreamDestroy_v2`.
+/// `cuStreamDestroy_v2`: returns at once; queued work still runs.
 ///
 /// # Safety
 ///
@@ -219,49 +244,81 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> CuResult {
     if stream.is_null() {
         return INVALID_VALUE;
     }
-    // SAFETY: the handle is a boxed u8 from cuStreamCreate, destroyed once.
-    drop(unsafe { Box::from_raw(stream.cast::<u8>()) });
+    // SAFETY: the caller's contract.
+    unsafe { stream::destroy(stream) };
     SUCCESS
 }
 
-/// `cuStreamSynchronize`, `cuStreamQuery`: always idle.
+/// `cuStreamSynchronize`: blocks until the stream's queued work has run.
+///
+/// # Safety
+///
+/// `s` is null or a live stream.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuStreamSynchronize(_stream: *mut c_void) -> CuResult {
-    SUCCESS
-}
-
-/// `cuStreamQuery`.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamQuery(_stream: *mut c_void) -> CuResult {
-    SUCCESS
-}
-
-/// `cuStreamWaitEvent`: an event that was never recorded is an error here, as waiting on it would be pointless.
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamWaitEvent(
-    _stream: *mut c_void,
-    event: *mut c_void,
-    _flags: c_uint,
-) -> CuResult {
-    if event.is_null() {
-        INVALID_VALUE
-    } else {
-        SUCCESS
+pub unsafe extern "C" fn cuStreamSynchronize(s: *mut c_void) -> CuResult {
+    // SAFETY: the caller's contract.
+    match unsafe { stream::drain(s) } {
+        Ok(()) => SUCCESS,
+        Err(e) => failed("cuStreamSynchronize", e),
     }
 }
 
-struct Event {
-    recorded: Mutex<Option<Instant>>,
+/// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while work is queued.
+///
+/// # Safety
+///
+/// `s` is null or a live stream.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamQuery(s: *mut c_void) -> CuResult {
+    // SAFETY: the caller's contract.
+    match unsafe { stream::from_handle(s) } {
+        Some(s) if !s.idle() => NOT_READY,
+        _ => SUCCESS,
+    }
 }
 
 /// Borrows an event handle.
 ///
 /// # Safety
 ///
-/// `event` came from [`cuEventCreate`] and is not destroyed.
-unsafe fn event<'a>(event: *mut c_void) -> Option<&'a Event> {
-    // SAFETY: by the contract the pointer is a live boxed Event (or null).
-    unsafe { event.cast::<Event>().as_ref() }
+/// `event` is null or came from [`cuEventCreate`] and is not destroyed.
+unsafe fn event<'a>(event: *mut c_void) -> Option<&'a Arc<Event>> {
+    // SAFETY: by the contract the pointer is a live boxed Arc<Event> (or null).
+    unsafe { event.cast::<Arc<Event>>().as_ref() }
+}
+
+/// `cuStreamWaitEvent`: later work on the stream waits until the event's latest record (at the time of this
+/// call) is reached.
+///
+/// # Safety
+///
+/// `s` is null or a live stream; `e` is a live event.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWaitEvent(
+    s: *mut c_void,
+    e: *mut c_void,
+    _flags: c_uint,
+) -> CuResult {
+    // SAFETY: the caller's contract.
+    let Some(e) = (unsafe { event(e) }) else {
+        return INVALID_VALUE;
+    };
+    let (e, target) = (Arc::clone(e), e.target());
+    let wait = Box::new(move || {
+        let limit = knobs::hang_timeout();
+        if e.wait_for(target, limit) {
+            Ok(())
+        } else {
+            Err(format!(
+                "a stream waited {limit:?} for an event that was never reached"
+            ))
+        }
+    });
+    // SAFETY: the caller's contract.
+    match unsafe { stream::submit(s, wait) } {
+        Ok(()) => SUCCESS,
+        Err(e) => failed("cuStreamWaitEvent", e),
+    }
 }
 
 /// `cuEventCreate`.
@@ -271,27 +328,26 @@ unsafe fn event<'a>(event: *mut c_void) -> Option<&'a Event> {
 /// `out` is valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventCreate(out: *mut *mut c_void, _flags: c_uint) -> CuResult {
-    let handle = Box::into_raw(Box::new(Event {
-        recorded: Mutex::new(None),
-    }));
+    let handle = Box::into_raw(Box::new(Arc::new(Event::default())));
     // SAFETY: the caller's contract.
     unsafe { put(out, handle.cast::<c_void>()) }
 }
 
-/// `cuEventRecord`: completes at once.
+/// `cuEventRecord`: the event completes when the stream reaches this point.
 ///
 /// # Safety
 ///
-/// `e` is a live event.
+/// `e` is a live event; `s` is null or a live stream.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventRecord(e: *mut c_void, _stream: *mut c_void) -> CuResult {
+pub unsafe extern "C" fn cuEventRecord(e: *mut c_void, s: *mut c_void) -> CuResult {
     // SAFETY: the caller's contract.
-    match unsafe { event(e) } {
-        Some(e) => {
-            *e.recorded.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-            SUCCESS
-        }
-        None => INVALID_VALUE,
+    let Some(e) = (unsafe { event(e) }) else {
+        return INVALID_VALUE;
+    };
+    // SAFETY: the caller's contract.
+    match unsafe { stream::submit(s, Box::new(e.record())) } {
+        Ok(()) => SUCCESS,
+        Err(e) => failed("cuEventRecord", e),
     }
 }
 
@@ -310,19 +366,40 @@ pub unsafe extern "C" fn cuEventRecordWithFlags(
     unsafe { cuEventRecord(e, stream) }
 }
 
-/// `cuEventQuery`, `cuEventSynchronize`: complete.
+/// `cuEventQuery`: `CUDA_ERROR_NOT_READY` until the latest record is reached.
+///
+/// # Safety
+///
+/// `e` is a live event.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuEventQuery(e: *mut c_void) -> CuResult {
-    if e.is_null() { INVALID_VALUE } else { SUCCESS }
+pub unsafe extern "C" fn cuEventQuery(e: *mut c_void) -> CuResult {
+    // SAFETY: the caller's contract.
+    match unsafe { event(e) } {
+        Some(e) if e.complete() => SUCCESS,
+        Some(_) => NOT_READY,
+        None => INVALID_VALUE,
+    }
 }
 
-/// `cuEventSynchronize`.
+/// `cuEventSynchronize`: blocks until the latest record is reached (bounded by `FAKE_GPU_HANG_SECS`).
+///
+/// # Safety
+///
+/// `e` is a live event.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuEventSynchronize(e: *mut c_void) -> CuResult {
-    cuEventQuery(e)
+pub unsafe extern "C" fn cuEventSynchronize(e: *mut c_void) -> CuResult {
+    // SAFETY: the caller's contract.
+    let Some(e) = (unsafe { event(e) }) else {
+        return INVALID_VALUE;
+    };
+    if e.wait_for(e.target(), knobs::hang_timeout()) {
+        SUCCESS
+    } else {
+        failed("cuEventSynchronize", "the event was never reached".into())
+    }
 }
 
-/// `cuEventElapsedTime`: milliseconds between the two recordings (`NOT_READY` if either was never recorded).
+/// `cuEventElapsedTime`: milliseconds between the two records (`NOT_READY` unless both were reached).
 ///
 /// # Safety
 ///
@@ -337,8 +414,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     let (Some(s), Some(e)) = (unsafe { event(start) }, unsafe { event(end) }) else {
         return INVALID_VALUE;
     };
-    let at = |e: &Event| *e.recorded.lock().unwrap_or_else(|p| p.into_inner());
-    match (at(s), at(e)) {
+    match (s.reached_at(), e.reached_at()) {
         (Some(a), Some(b)) => {
             let millis = b.saturating_duration_since(a).as_secs_f64() * 1e3;
             // SAFETY: the caller's contract.
@@ -363,7 +439,7 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     unsafe { cuEventElapsedTime(ms, start, end) }
 }
 
-/// `cuEventDestroy_v2`.
+/// `cuEventDestroy_v2`: work already queued that records or waits on it still runs.
 ///
 /// # Safety
 ///
@@ -373,9 +449,22 @@ pub unsafe extern "C" fn cuEventDestroy_v2(e: *mut c_void) -> CuResult {
     if e.is_null() {
         return INVALID_VALUE;
     }
-    // SAFETY: a boxed Event from cuEventCreate, destroyed once.
-    drop(unsafe { Box::from_raw(e.cast::<Event>()) });
+    // SAFETY: a boxed Arc<Event> from cuEventCreate, destroyed once.
+    drop(unsafe { Box::from_raw(e.cast::<Arc<Event>>()) });
     SUCCESS
+}
+
+/// Queues `work` on stream `s`, answering as the driver does.
+///
+/// # Safety
+///
+/// `s` is null or a live stream.
+unsafe fn on_stream(what: &str, s: *mut c_void, work: stream::Work) -> CuResult {
+    // SAFETY: the caller's contract.
+    match unsafe { stream::submit(s, work) } {
+        Ok(()) => SUCCESS,
+        Err(e) => failed(what, e),
+    }
 }
 
 /// `cuMemAllocAsync`: zeroed host memory.
@@ -407,19 +496,23 @@ pub unsafe extern "C" fn cuMemAlloc_v2(address: *mut u64, bytes: usize) -> CuRes
     unsafe { cuMemAllocAsync(address, bytes, std::ptr::null_mut()) }
 }
 
-/// `cuMemFreeAsync`.
+/// `cuMemFreeAsync`: the memory is released when the stream reaches the free.
 ///
 /// # Safety
 ///
-/// `address` came from an allocation here and is not used again.
+/// `address` came from an allocation here and is not used again; `s` is null or a live stream.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync(address: u64, _stream: *mut c_void) -> CuResult {
-    // SAFETY: the caller's contract.
-    if unsafe { memory::free(address) } {
-        SUCCESS
-    } else {
-        INVALID_VALUE
+pub unsafe extern "C" fn cuMemFreeAsync(address: u64, s: *mut c_void) -> CuResult {
+    if address == 0 {
+        return INVALID_VALUE;
     }
+    let free = Box::new(move || {
+        // SAFETY: the caller's contract: `address` is a live allocation, freed once.
+        unsafe { memory::free(address) };
+        Ok(())
+    });
+    // SAFETY: the caller's contract.
+    unsafe { on_stream("cuMemFreeAsync", s, free) }
 }
 
 /// `cuMemFree_v2`.
@@ -433,80 +526,94 @@ pub unsafe extern "C" fn cuMemFree_v2(address: u64) -> CuResult {
     unsafe { cuMemFreeAsync(address, std::ptr::null_mut()) }
 }
 
-/// `cuMemsetD8Async`.
+/// `cuMemsetD8Async`, in stream order.
 ///
 /// # Safety
 ///
-/// `address` holds `n` bytes.
+/// `address` holds `n` bytes until the stream reaches the memset.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemsetD8Async(
     address: u64,
     value: u8,
     n: usize,
-    _stream: *mut c_void,
+    s: *mut c_void,
 ) -> CuResult {
+    let set = Box::new(move || {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::write_bytes(address as usize as *mut u8, value, n) };
+        Ok(())
+    });
     // SAFETY: the caller's contract.
-    unsafe { std::ptr::write_bytes(address as usize as *mut u8, value, n) };
-    SUCCESS
+    unsafe { on_stream("cuMemsetD8Async", s, set) }
 }
 
-/// Copies `n` bytes between two addresses (device or host: both are host memory here).
+/// `cuMemcpyHtoDAsync_v2` from pageable memory: the bytes are taken now and land in stream order.
 ///
 /// # Safety
 ///
-/// `src` holds `n` readable bytes and `dst` `n` writable ones.
-unsafe fn copy(dst: usize, src: usize, n: usize) -> CuResult {
-    // SAFETY: the caller's contract; `copy` allows overlap.
-    unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
-    SUCCESS
-}
-
-/// `cuMemcpyHtoDAsync_v2`.
-///
-/// # Safety
-///
-/// As [`copy`].
+/// `src` holds `n` readable bytes now; `dst` holds `n` writable bytes until the stream reaches the copy.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     dst: u64,
     src: *const c_void,
     n: usize,
-    _stream: *mut c_void,
+    s: *mut c_void,
 ) -> CuResult {
+    let bytes = if n == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the caller's contract: `src` holds `n` bytes.
+        unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) }.to_vec()
+    };
+    let land = Box::new(move || {
+        // SAFETY: the caller's contract: `dst` holds `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as usize as *mut u8, n) };
+        Ok(())
+    });
     // SAFETY: the caller's contract.
-    unsafe { copy(dst as usize, src as usize, n) }
+    unsafe { on_stream("cuMemcpyHtoDAsync", s, land) }
 }
 
-/// `cuMemcpyDtoHAsync_v2`.
+/// `cuMemcpyDtoHAsync_v2` to pageable memory: waits for the stream, then copies before returning.
 ///
 /// # Safety
 ///
-/// As [`copy`].
+/// `src` holds `n` readable bytes and `dst` `n` writable ones; `s` is null or a live stream.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     dst: *mut c_void,
     src: u64,
     n: usize,
-    _stream: *mut c_void,
+    s: *mut c_void,
 ) -> CuResult {
     // SAFETY: the caller's contract.
-    unsafe { copy(dst as usize, src as usize, n) }
+    if let Err(e) = unsafe { stream::drain(s) } {
+        return failed("cuMemcpyDtoHAsync", e);
+    }
+    // SAFETY: the caller's contract; `copy` allows overlap.
+    unsafe { std::ptr::copy(src as usize as *const u8, dst.cast::<u8>(), n) };
+    SUCCESS
 }
 
-/// `cuMemcpyDtoDAsync_v2`.
+/// `cuMemcpyDtoDAsync_v2`, in stream order.
 ///
 /// # Safety
 ///
-/// As [`copy`].
+/// Both addresses hold `n` bytes until the stream reaches the copy.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
     dst: u64,
     src: u64,
     n: usize,
-    _stream: *mut c_void,
+    s: *mut c_void,
 ) -> CuResult {
+    let copy = Box::new(move || {
+        // SAFETY: the caller's contract; `copy` allows overlap.
+        unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, n) };
+        Ok(())
+    });
     // SAFETY: the caller's contract.
-    unsafe { copy(dst as usize, src as usize, n) }
+    unsafe { on_stream("cuMemcpyDtoDAsync", s, copy) }
 }
 
 /// `cuModuleLoadData`: kernels do not run here.

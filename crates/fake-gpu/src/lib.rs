@@ -2,20 +2,30 @@
 //!
 //! Built as a shared library that tests put on the loader path as `libcuda.so` and name in `NCCL_LIBRARY`.
 //! It exports the driver and NCCL functions hypercomm (through cudarc and `nccl-sys`) calls, with the C
-//! signatures of CUDA 13 and NCCL 2.28.9. Everything runs at once on the calling thread: "device" memory is host
-//! memory, streams are already idle when work is enqueued, events complete when recorded, and communicators have
-//! one rank (a collective is a copy; a send waits in the communicator's mailbox for the matching receive).
+//! signatures of CUDA 13 and NCCL 2.28.9, and it is strict where a GPU is: every behaviour a real GPU run showed
+//! that an earlier, simpler fake did not became a behaviour here, with a test.
 //!
-//! What it shows: the whole path of hypercomm's calls (probing, loading, config, non-blocking polling, events,
-//! buffers, grouping, split, shrink, abort, the bench) without a crash, a hang or a wrong value. What it cannot
-//! show: anything about real GPU concurrency or NCCL's own behaviour; that is the GPU machine's job
+//! - "Device" memory is host memory ([`memory`]); streams are worker threads that run their work later, in
+//!   order ([`stream`]); events complete when their stream reaches them ([`event`]), so a missing wait reads
+//!   stale data.
+//! - Communicators have any number of ranks, threads of one process or processes of one machine, which meet
+//!   through files and exchange real data; creation, split and shrink are asynchronous as NCCL's are, configs are
+//!   validated as NCCL validates them, and failures come on demand ([`nccl`]).
+//! - Kernels do not run: `cuModuleLoadData` answers "not supported", and hypercomm reports a missing NVRTC.
+//!
+//! What it cannot show: real GPU concurrency and speed, and NCCL's own algorithms; that is the GPU machine's job
 //! (`docs/gpu-validation.md`).
 //!
-//! Knobs, read from the environment of the process that loads it: `FAKE_GPU_DEVICES` (device count, default
-//! 1), `FAKE_NCCL_VERSION` (the code `ncclGetVersion` reports, default 22809), `FAKE_NCCL_INIT_POLLS` (how many
-//! `ncclCommGetAsyncError` polls a non-blocking communicator stays in progress after creation, default 2).
-//! Each communicator's creation is logged to stderr as `fake-nccl: ...` with every config field it received.
+//! Knobs ([`knobs`]), read from the environment of the process that loads it: `FAKE_GPU_DEVICES`,
+//! `FAKE_GPU_HANG_SECS`, `FAKE_NCCL_VERSION`, `FAKE_NCCL_INIT_POLLS`, `FAKE_NCCL_OP_POLLS`,
+//! `FAKE_NCCL_FAIL_AFTER`, `FAKE_NCCL_FAIL_RANK`, `FAKE_NCCL_TIMEOUT_SECS`, `FAKE_NCCL_DIR`. Each communicator's
+//! config is logged to stderr as `fake-nccl: <call>: <fields>`.
 
-mod cuda;
+pub(crate) mod cuda;
+mod event;
+mod knobs;
 mod memory;
-mod nccl;
+pub(crate) mod nccl;
+mod stream;
+#[cfg(test)]
+mod tests;

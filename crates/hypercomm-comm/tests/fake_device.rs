@@ -299,23 +299,9 @@ fn fake_process_group_routes_by_location() {
         panic!("a device buffer came back on the host");
     };
     assert_eq!(b.download().unwrap(), [5, 6]);
-    let Placed::Device(b) = pg
-        .send(Placed::Device(b), 0, 0)
-        .unwrap()
-        .synchronize()
-        .unwrap()
-    else {
-        panic!("a device buffer came back on the host");
-    };
-    let Placed::Device(r) = pg
-        .recv(Placed::Device(gpu.alloc_zeros::<u32>(2).unwrap()), 0, 0)
-        .unwrap()
-        .synchronize()
-        .unwrap()
-    else {
-        panic!("a device buffer came back on the host");
-    };
-    assert_eq!(r.download().unwrap(), b.download().unwrap());
+    // A send to oneself would wait forever in NCCL (nobody posts the receive while the send waits): refused.
+    let e = pg.send(Placed::Device(b), 0, 0).err().unwrap();
+    assert!(e.to_string().contains("peer 0 is not another rank"), "{e}");
 }
 
 #[test]

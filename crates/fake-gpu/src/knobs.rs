@@ -1,0 +1,75 @@
+//! The fake's knobs: environment variables of the process that loads it, read when needed.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn parsed<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// `FAKE_GPU_DEVICES`: how many devices the driver reports (default 1).
+pub(crate) fn devices() -> i32 {
+    parsed("FAKE_GPU_DEVICES").unwrap_or(1)
+}
+
+/// `FAKE_NCCL_VERSION`: the code `ncclGetVersion` reports (default 22809, NCCL 2.28.9).
+pub(crate) fn nccl_version() -> i32 {
+    parsed("FAKE_NCCL_VERSION").unwrap_or(22809)
+}
+
+/// Whether several ranks of one communicator may share a device: NCCL 2.30 or newer (by `FAKE_NCCL_VERSION`)
+/// with `NCCL_MULTI_RANK_GPU_ENABLE=1`, as in the real library.
+pub(crate) fn multi_rank_gpu() -> bool {
+    nccl_version() >= 23000
+        && std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").is_ok_and(|v| v.trim() == "1")
+}
+
+/// `FAKE_NCCL_INIT_POLLS`: extra `ncclCommGetAsyncError` polls a non-blocking communicator stays in progress
+/// after its creation has finished (default 2).
+pub(crate) fn init_polls() -> u32 {
+    parsed("FAKE_NCCL_INIT_POLLS").unwrap_or(2)
+}
+
+/// `FAKE_NCCL_OP_POLLS`: polls a non-blocking communicator stays in progress after each collective, send,
+/// receive or group is enqueued (default 1), so callers' handling of `ncclInProgress` on enqueue runs.
+pub(crate) fn op_polls() -> u32 {
+    parsed("FAKE_NCCL_OP_POLLS").unwrap_or(1)
+}
+
+/// `FAKE_NCCL_FAIL_AFTER`: when set to K, a communicator fails asynchronously (`ncclRemoteError` from
+/// `ncclCommGetAsyncError`) once K of its operations have run; later operations do nothing.
+/// `FAKE_NCCL_FAIL_RANK` limits this to the communicators where this process is that rank.
+pub(crate) fn fail_after(rank: usize) -> Option<u64> {
+    let k = parsed::<u64>("FAKE_NCCL_FAIL_AFTER")?;
+    match parsed::<usize>("FAKE_NCCL_FAIL_RANK") {
+        Some(r) if r != rank => None,
+        _ => Some(k),
+    }
+}
+
+/// `FAKE_NCCL_TIMEOUT_SECS`: how long a rank waits for its peers (an unmatched send or receive, a rank that never
+/// joins a collective) before the fake reports it and fails the communicator, where a real NCCL would hang
+/// (default 60 s).
+pub(crate) fn peer_timeout() -> Duration {
+    Duration::from_secs_f64(parsed("FAKE_NCCL_TIMEOUT_SECS").unwrap_or(60.0))
+}
+
+/// `FAKE_GPU_HANG_SECS`: how long a stream waits on an event, or a host call on a stream, before the fake
+/// reports the hang and fails the stream (default 120 s).
+pub(crate) fn hang_timeout() -> Duration {
+    Duration::from_secs_f64(parsed("FAKE_GPU_HANG_SECS").unwrap_or(120.0))
+}
+
+/// `FAKE_NCCL_DIR`: where communicators keep the files through which their ranks (threads or processes)
+/// exchange data (default `/dev/shm` when it exists, else the temporary directory).
+pub(crate) fn exchange_root() -> PathBuf {
+    if let Some(d) = std::env::var_os("FAKE_NCCL_DIR") {
+        return PathBuf::from(d);
+    }
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
+}

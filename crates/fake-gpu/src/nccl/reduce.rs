@@ -1,0 +1,210 @@
+//! Element-wise reductions over every rank's bytes, per NCCL element type and operation, as NCCL defines them:
+//! integer sums and products wrap, `ncclAvg` divides the sum by the rank count (integer division for integer
+//! types), 16-bit floats are combined in `f32` and rounded back.
+
+use half::{bf16, f16};
+
+/// The width in bytes of an NCCL element type; `None` for types the fake does not reduce (the fp8 types) or
+/// unknown codes.
+pub(crate) fn width(dtype: i32) -> Option<usize> {
+    Some(match dtype {
+        0 | 1 => 1,
+        6 | 9 => 2,
+        2 | 3 | 7 => 4,
+        4 | 5 | 8 => 8,
+        _ => return None,
+    })
+}
+
+/// The name of an NCCL element type, for messages.
+pub(crate) fn type_name(dtype: i32) -> &'static str {
+    match dtype {
+        0 => "int8",
+        1 => "uint8",
+        2 => "int32",
+        3 => "uint32",
+        4 => "int64",
+        5 => "uint64",
+        6 => "float16",
+        7 => "float32",
+        8 => "float64",
+        9 => "bfloat16",
+        10 => "float8e4m3",
+        11 => "float8e5m2",
+        _ => "unknown type",
+    }
+}
+
+/// The name of an NCCL reduction, for messages.
+pub(crate) fn op_name(op: i32) -> &'static str {
+    match op {
+        0 => "sum",
+        1 => "prod",
+        2 => "max",
+        3 => "min",
+        4 => "avg",
+        _ => "unknown reduction",
+    }
+}
+
+trait Element: Copy {
+    fn read(b: &[u8]) -> Self;
+    fn write(self, out: &mut [u8]);
+    fn combine(self, other: Self, op: i32) -> Self;
+    fn divide(self, n: usize) -> Self;
+}
+
+macro_rules! integer {
+    ($t:ty) => {
+        impl Element for $t {
+            fn read(b: &[u8]) -> Self {
+                let mut a = [0u8; std::mem::size_of::<$t>()];
+                a.copy_from_slice(b);
+                <$t>::from_le_bytes(a)
+            }
+            fn write(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_le_bytes());
+            }
+            fn combine(self, other: Self, op: i32) -> Self {
+                match op {
+                    1 => self.wrapping_mul(other),
+                    2 => self.max(other),
+                    3 => self.min(other),
+                    _ => self.wrapping_add(other),
+                }
+            }
+            fn divide(self, n: usize) -> Self {
+                self / (n as $t)
+            }
+        }
+    };
+}
+integer!(i8);
+integer!(u8);
+integer!(i32);
+integer!(u32);
+integer!(i64);
+integer!(u64);
+
+macro_rules! float {
+    ($t:ty, $to:expr, $from:expr) => {
+        impl Element for $t {
+            fn read(b: &[u8]) -> Self {
+                let mut a = [0u8; std::mem::size_of::<$t>()];
+                a.copy_from_slice(b);
+                <$t>::from_le_bytes(a)
+            }
+            fn write(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_le_bytes());
+            }
+            fn combine(self, other: Self, op: i32) -> Self {
+                let (a, b) = ($to(self), $to(other));
+                $from(match op {
+                    1 => a * b,
+                    2 => a.max(b),
+                    3 => a.min(b),
+                    _ => a + b,
+                })
+            }
+            fn divide(self, n: usize) -> Self {
+                $from($to(self) / n as f64)
+            }
+        }
+    };
+}
+float!(f32, f64::from, |v: f64| v as f32);
+float!(f64, |v: f64| v, |v: f64| v);
+float!(f16, |v: f16| f64::from(v.to_f32()), |v: f64| f16::from_f32(
+    v as f32
+));
+float!(bf16, |v: bf16| f64::from(v.to_f32()), |v: f64| {
+    bf16::from_f32(v as f32)
+});
+
+fn reduce_as<T: Element>(inputs: &[&[u8]], op: i32) -> Vec<u8> {
+    let w = std::mem::size_of::<T>();
+    let mut out = inputs[0].to_vec();
+    for (i, chunk) in out.chunks_exact_mut(w).enumerate() {
+        let at = i * w..(i + 1) * w;
+        let mut acc = T::read(&inputs[0][at.clone()]);
+        for input in &inputs[1..] {
+            acc = acc.combine(T::read(&input[at.clone()]), op);
+        }
+        if op == 4 {
+            acc = acc.divide(inputs.len());
+        }
+        acc.write(chunk);
+    }
+    out
+}
+
+/// Reduces equally long `inputs` (one per rank, in rank order) element-wise.
+pub(crate) fn reduce(dtype: i32, op: i32, inputs: &[&[u8]]) -> Result<Vec<u8>, String> {
+    if !(0..=4).contains(&op) {
+        return Err(format!("reduction {op} is not one the fake knows"));
+    }
+    let Some(first) = inputs.first() else {
+        return Ok(Vec::new());
+    };
+    if inputs.iter().any(|i| i.len() != first.len()) {
+        return Err("ranks contributed different byte counts".into());
+    }
+    Ok(match dtype {
+        0 => reduce_as::<i8>(inputs, op),
+        1 => reduce_as::<u8>(inputs, op),
+        2 => reduce_as::<i32>(inputs, op),
+        3 => reduce_as::<u32>(inputs, op),
+        4 => reduce_as::<i64>(inputs, op),
+        5 => reduce_as::<u64>(inputs, op),
+        6 => reduce_as::<f16>(inputs, op),
+        7 => reduce_as::<f32>(inputs, op),
+        8 => reduce_as::<f64>(inputs, op),
+        9 => reduce_as::<bf16>(inputs, op),
+        _ => return Err(format!("the fake cannot reduce {}", type_name(dtype))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
+        // SAFETY: plain numbers; reading their bytes is always valid.
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+            .to_vec()
+    }
+
+    #[test]
+    fn each_type_and_op_reduces_by_its_own_rule() {
+        let (a, b) = (bytes(&[3i32, -7]), bytes(&[5i32, 2]));
+        assert_eq!(reduce(2, 0, &[&a, &b]).unwrap(), bytes(&[8i32, -5]));
+        assert_eq!(reduce(2, 1, &[&a, &b]).unwrap(), bytes(&[15i32, -14]));
+        assert_eq!(reduce(2, 2, &[&a, &b]).unwrap(), bytes(&[5i32, 2]));
+        assert_eq!(reduce(2, 3, &[&a, &b]).unwrap(), bytes(&[3i32, -7]));
+        assert_eq!(reduce(2, 4, &[&a, &b]).unwrap(), bytes(&[4i32, -2]));
+        // The same bytes as f32 mean something else entirely: a type mix-up shows.
+        assert_ne!(
+            reduce(7, 0, &[&a, &b]).unwrap(),
+            reduce(2, 0, &[&a, &b]).unwrap()
+        );
+        let (x, y) = (bytes(&[1.5f32, -2.0]), bytes(&[2.0f32, 8.0]));
+        assert_eq!(reduce(7, 4, &[&x, &y]).unwrap(), bytes(&[1.75f32, 3.0]));
+        let (x, y) = (bytes(&[f16::from_f32(1.5)]), bytes(&[f16::from_f32(2.25)]));
+        assert_eq!(
+            reduce(6, 0, &[&x, &y]).unwrap(),
+            bytes(&[f16::from_f32(3.75)])
+        );
+        // f16 and bf16 bytes differ for the same value.
+        let (x, y) = (
+            bytes(&[bf16::from_f32(1.5)]),
+            bytes(&[bf16::from_f32(2.25)]),
+        );
+        assert_eq!(
+            reduce(9, 0, &[&x, &y]).unwrap(),
+            bytes(&[bf16::from_f32(3.75)])
+        );
+        assert_eq!(reduce(1, 0, &[&[200u8][..], &[100u8][..]]).unwrap(), [44u8]);
+        assert!(reduce(10, 0, &[&[1u8][..]]).is_err(), "fp8 is not reduced");
+        assert!(reduce(2, 5, &[&a]).is_err());
+    }
+}

@@ -1,0 +1,216 @@
+//! The fake's own behaviours, through its C entry points: what a GPU does that an earlier fake did not.
+
+use std::ffi::c_void;
+use std::ptr::null_mut;
+use std::time::{Duration, Instant};
+
+use nccl_sys::config::config_initializer;
+use nccl_sys::sys::{ncclComm_t, ncclUniqueId};
+
+use crate::cuda::*;
+use crate::nccl::*;
+
+fn stream() -> *mut c_void {
+    let mut s = null_mut();
+    // SAFETY: `s` is a live local.
+    assert_eq!(unsafe { cuStreamCreate(&mut s, 0) }, 0);
+    s
+}
+
+fn event() -> *mut c_void {
+    let mut e = null_mut();
+    // SAFETY: `e` is a live local.
+    assert_eq!(unsafe { cuEventCreate(&mut e, 0) }, 0);
+    e
+}
+
+fn alloc(bytes: usize) -> u64 {
+    let mut a = 0;
+    // SAFETY: `a` is a live local.
+    assert_eq!(unsafe { cuMemAlloc_v2(&mut a, bytes) }, 0);
+    a
+}
+
+fn download(addr: u64, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    // SAFETY: `addr` holds `n` bytes (allocated by the caller); `out` too; the null stream is valid.
+    let r = unsafe { cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), addr, n, null_mut()) };
+    assert_eq!(r, 0);
+    out
+}
+
+#[test]
+fn events_complete_when_their_stream_reaches_them_not_when_recorded() {
+    let (a, b) = (stream(), stream());
+    let (gate, done) = (event(), event());
+    // Stream a waits on `gate`, recorded on stream b behind a sleep: nothing on a may run before it.
+    let buf = alloc(4);
+    // SAFETY: all handles are live; `buf` holds 4 bytes; the sleep is an ordinary closure on the worker.
+    unsafe {
+        crate::stream::submit(
+            b,
+            Box::new(|| {
+                std::thread::sleep(Duration::from_millis(200));
+                Ok(())
+            }),
+        )
+        .unwrap();
+        assert_eq!(cuEventRecord(gate, b), 0);
+        assert_eq!(cuStreamWaitEvent(a, gate, 0), 0);
+        assert_eq!(cuMemsetD8Async(buf, 7, 4, a), 0);
+        assert_eq!(cuEventRecord(done, a), 0);
+        assert_eq!(
+            cuEventQuery(done),
+            600,
+            "not reached yet: the memset waits for the gate"
+        );
+        assert_eq!(cuStreamQuery(a), 600);
+    }
+    // Without waiting, the memory is still as it was: a missing wait reads stale data.
+    assert_eq!(download(buf, 4), [0; 4]);
+    let started = Instant::now();
+    // SAFETY: live event.
+    assert_eq!(unsafe { cuEventSynchronize(done) }, 0);
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    assert_eq!(download(buf, 4), [7; 4]);
+    let mut ms = 0f32;
+    // SAFETY: live events, `ms` a live local.
+    assert_eq!(unsafe { cuEventElapsedTime(&mut ms, gate, done) }, 0);
+    assert!(ms >= 0.0);
+}
+
+#[test]
+fn host_to_device_copies_take_their_bytes_at_the_call() {
+    let s = stream();
+    let buf = alloc(3);
+    let mut host = [1u8, 2, 3];
+    // SAFETY: `host` holds 3 bytes, `buf` too; the stream is live.
+    unsafe { assert_eq!(cuMemcpyHtoDAsync_v2(buf, host.as_ptr().cast(), 3, s), 0) };
+    host = [9, 9, 9];
+    // SAFETY: live stream.
+    assert_eq!(unsafe { cuStreamSynchronize(s) }, 0);
+    assert_eq!(download(buf, 3), [1, 2, 3]);
+    assert_eq!(host, [9, 9, 9]);
+}
+
+fn unique_id() -> ncclUniqueId {
+    let mut id = ncclUniqueId { internal: [0; 128] };
+    // SAFETY: `id` is a live local.
+    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, 0);
+    id
+}
+
+/// Creates rank `rank` of `n` on device `rank`, non-blocking, and waits until it is ready.
+fn join(id: ncclUniqueId, rank: i32, n: i32) -> ncclComm_t {
+    cuCtxSetCurrent(std::ptr::without_provenance_mut(rank as usize + 1));
+    let mut config = config_initializer();
+    config.blocking = 0;
+    let mut c = null_mut();
+    // SAFETY: `c` and `config` are live locals.
+    let r = unsafe { ncclCommInitRankConfig(&mut c, n, id, rank, &mut config) };
+    assert_eq!(r, 7, "non-blocking creation is in progress");
+    assert!(!c.is_null(), "the handle is written at once");
+    settle(c);
+    c
+}
+
+fn settle(c: ncclComm_t) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut state = 0;
+        // SAFETY: `c` is live; `state` a live local.
+        assert_eq!(unsafe { ncclCommGetAsyncError(c, &mut state) }, 0);
+        match state {
+            0 => return,
+            7 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            s => panic!("communicator state {s}"),
+        }
+    }
+}
+
+#[test]
+fn ranks_as_threads_reduce_real_data_and_split_writes_the_child_late() {
+    let id = unique_id();
+    let results: Vec<(Vec<u8>, usize)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                scope.spawn(move || {
+                    let c = join(id, rank, 2);
+                    let s = stream();
+                    let buf = alloc(8);
+                    let mine = [(rank + 1) as f32, 10.0 * (rank + 1) as f32];
+                    // SAFETY: `buf` holds 8 bytes, `mine` too; `c` and `s` are live.
+                    unsafe {
+                        assert_eq!(cuMemcpyHtoDAsync_v2(buf, mine.as_ptr().cast(), 8, s), 0);
+                        let r = ncclAllReduce(
+                            buf as *const c_void,
+                            buf as *mut c_void,
+                            2,
+                            7,
+                            2,
+                            c,
+                            s.cast(),
+                        );
+                        assert_eq!(r, 7, "a non-blocking enqueue answers ncclInProgress");
+                    }
+                    // Using the communicator before it settles is refused, as NCCL refuses it.
+                    let mut out = null_mut();
+                    let mut config = config_initializer();
+                    config.blocking = 0;
+                    // SAFETY: live handle and locals.
+                    let early = unsafe { ncclCommSplit(c, 0, rank, &mut out, &mut config) };
+                    assert_eq!(early, 4, "split before the enqueue settled");
+                    settle(c);
+                    // SAFETY: as above.
+                    let r = unsafe { ncclCommSplit(c, 0, -rank, &mut out, &mut config) };
+                    assert_eq!(r, 7);
+                    settle(c);
+                    assert!(
+                        !out.is_null(),
+                        "the child is written once the parent settles"
+                    );
+                    let mut child_rank = 0;
+                    // SAFETY: the child is live.
+                    unsafe { assert_eq!(ncclCommUserRank(out, &mut child_rank), 0) };
+                    // SAFETY: live stream.
+                    unsafe { assert_eq!(cuStreamSynchronize(s), 0) };
+                    let bytes = download(buf, 8);
+                    // SAFETY: both communicators are live and not used again.
+                    unsafe {
+                        assert_eq!(ncclCommDestroy(out), 0);
+                        assert_eq!(ncclCommDestroy(c), 0);
+                    }
+                    (bytes, child_rank as usize)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let max: Vec<u8> = [2.0f32, 20.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    assert_eq!(results[0].0, max, "ncclMax over both ranks' data");
+    assert_eq!(results[1].0, max);
+    // Keys 0 and -1: rank 1 sorts first in the child.
+    assert_eq!((results[0].1, results[1].1), (1, 0));
+}
+
+#[test]
+fn two_ranks_on_one_device_are_refused_before_nccl_2_30() {
+    let id = unique_id();
+    let states: Vec<u32> = std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                scope.spawn(move || {
+                    cuCtxSetCurrent(std::ptr::without_provenance_mut(1));
+                    let mut c = null_mut();
+                    // SAFETY: `c` is a live local; no config means blocking.
+                    unsafe { ncclCommInitRank(&mut c, 2, id, rank) }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(states, [5, 5], "ncclInvalidUsage: duplicate GPU");
+}
