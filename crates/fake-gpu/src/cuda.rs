@@ -165,10 +165,10 @@ pub unsafe extern "C" fn cuCtxGetCurrent(context: *mut *mut c_void) -> CuResult 
     unsafe { put(context, token) }
 }
 
-/// `cuCtxSynchronize`: waits for every stream.
+/// `cuCtxSynchronize`: waits for every stream of the calling thread's context.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CuResult {
-    match stream::synchronize_all() {
+    match stream::synchronize_all(current_device()) {
         Ok(()) => SUCCESS,
         Err(e) => failed("cuCtxSynchronize", e),
     }
@@ -212,7 +212,7 @@ pub unsafe extern "C" fn cuStreamCreate(out: *mut *mut c_void, _flags: c_uint) -
     if out.is_null() {
         return INVALID_VALUE;
     }
-    let Some(s) = Stream::spawn() else {
+    let Some(s) = Stream::spawn(current_device()) else {
         return OUT_OF_MEMORY;
     };
     // SAFETY: the caller's contract.

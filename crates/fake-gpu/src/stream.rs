@@ -31,6 +31,8 @@ struct Queue {
 
 /// One stream: its queue and the worker's progress.
 pub(crate) struct Stream {
+    /// The device whose context made it.
+    device: usize,
     queue: Mutex<Queue>,
     changed: Condvar,
 }
@@ -43,9 +45,10 @@ fn registry() -> &'static Mutex<Vec<Weak<Stream>>> {
 }
 
 impl Stream {
-    /// A new stream with its worker thread.
-    pub(crate) fn spawn() -> Option<Arc<Stream>> {
+    /// A new stream of `device`'s context, with its worker thread.
+    pub(crate) fn spawn(device: usize) -> Option<Arc<Stream>> {
         let stream = Arc::new(Stream {
+            device,
             queue: Mutex::new(Queue::default()),
             changed: Condvar::new(),
         });
@@ -138,9 +141,15 @@ impl Stream {
     }
 }
 
-/// Synchronizes every live stream (`cuCtxSynchronize`).
-pub(crate) fn synchronize_all() -> Result<(), String> {
-    let streams: Vec<Arc<Stream>> = lock(registry()).iter().filter_map(Weak::upgrade).collect();
+/// Synchronizes every live stream of `device`'s context (`cuCtxSynchronize`). Like CUDA's, it waits for other
+/// threads' streams of that context too: with several ranks on one device, a rank that synchronizes its context
+/// while a peer's collective waits for it deadlocks, on a GPU and here.
+pub(crate) fn synchronize_all(device: usize) -> Result<(), String> {
+    let streams: Vec<Arc<Stream>> = lock(registry())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|s| s.device == device)
+        .collect();
     streams.iter().try_for_each(|s| s.synchronize())
 }
 

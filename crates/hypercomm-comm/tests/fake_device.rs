@@ -2,89 +2,22 @@
 //! synchronous, host memory), so its Rust side runs on every machine, CI included.
 //!
 //! Each `fake_*` test below is `#[ignore]`d and runs only in a child process that this file's `suite_*` tests
-//! start with the fake on the loader path (`libcuda.so`) and in `NCCL_LIBRARY`: the driver library is opened
-//! once per process, so the fake cannot be swapped in later. The suites check the children's exit status and, for
-//! the knobs, what the fake logged. What this cannot show (GPU concurrency, NCCL's own behaviour) is left to
+//! start under the fake (see `fake_support`). The suites check the children's exit status and, for the knobs,
+//! what the fake logged. Several ranks are in `fake_ranks.rs`. What this cannot show (GPU concurrency, NCCL's own behaviour) is left to
 //! the GPU run (`tests/gpu.rs`, `docs/gpu-validation.md`).
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod fake_support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use hypercomm_comm::bench::BenchOp;
 use hypercomm_comm::device::bench::{DeviceBenchConfig, run as run_bench};
-use hypercomm_comm::device::{
-    DeviceCommunicator, DeviceRuntime, Gpu, Placed, ProcessGroup, StridedLayout,
-};
+use hypercomm_comm::device::{DeviceCommunicator, Gpu, Placed, ProcessGroup, StridedLayout};
 use hypercomm_comm::{CommError, CommOptions, ReduceOp};
 use hypercomm_store::MemoryStore;
 
-const UNDER_FAKE: &str = "HYPERCOMM_UNDER_FAKE_GPU";
-
-/// `libfake_gpu.so`, built by cargo beside this test binary (it is a dev-dependency).
-fn fake_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let lib = exe
-        .parent()
-        .expect("test binaries live in target/<profile>/deps")
-        .join("libfake_gpu.so");
-    assert!(lib.exists(), "{} is missing", lib.display());
-    lib
-}
-
-/// Runs the ignored test `name` of this binary in a child process that loads the fake.
-fn under_fake(name: &str, env: &[(&str, &str)]) -> Output {
-    let lib = fake_library();
-    let dir =
-        std::env::temp_dir().join(format!("hypercomm-fake-gpu-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cuda = dir.join("libcuda.so");
-    let _ = std::fs::remove_file(&cuda);
-    std::os::unix::fs::symlink(&lib, &cuda).unwrap();
-    let mut path = dir.clone().into_os_string();
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        path.push(":");
-        path.push(old);
-    }
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        name,
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("LD_LIBRARY_PATH", path)
-    .env("NCCL_LIBRARY", &lib)
-    .env(UNDER_FAKE, "1");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run the test binary again");
-    let _ = std::fs::remove_dir_all(&dir);
-    out
-}
-
-/// Runs `name` under the fake and requires that it ran (not filtered away) and passed; returns its stderr.
-fn pass_under_fake(name: &str, env: &[(&str, &str)]) -> String {
-    let out = under_fake(name, env);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success() && stdout.contains("test result: ok. 1 passed"),
-        "{name} under the fake:\n{stdout}\n{stderr}"
-    );
-    stderr
-}
-
-fn runtime() -> Arc<DeviceRuntime> {
-    assert!(
-        std::env::var_os(UNDER_FAKE).is_some(),
-        "this test runs only under fake-gpu, started by the suite_* tests of this file"
-    );
-    DeviceRuntime::probe_with_env(|n| std::env::var_os(n)).expect("the fake driver and nccl load")
-}
+use fake_support::{pass_under_fake, runtime};
 
 fn single(gpu: &Arc<Gpu>, options: CommOptions) -> DeviceCommunicator {
     DeviceCommunicator::new(
@@ -129,6 +62,12 @@ fn suite_knobs_reach_ncclconfig() {
             && log.contains("commName=knobs/child"),
         "{log}"
     );
+    // One CTA bound: the other is NCCL's default, never the unset value NCCL refuses (H100 run, 2026-11-22).
+    assert!(
+        log.contains("minCTAs=3 maxCTAs=64 ") && log.contains("commName=one-bound"),
+        "{log}"
+    );
+    assert!(!log.contains("Invalid config"), "{log}");
 }
 
 #[test]
@@ -358,6 +297,19 @@ fn fake_knobs_are_passed_to_nccl() {
         .unwrap()
         .expect("color 0 joins");
     assert_eq!(child.size(), 1);
+    let one_bound = single(
+        &gpu,
+        CommOptions {
+            min_ctas: Some(3),
+            ..CommOptions::named("one-bound")
+        },
+    );
+    let buf = one_bound
+        .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(buf.download().unwrap(), [1.0]);
     let e = DeviceCommunicator::new(
         Arc::clone(&gpu),
         Arc::new(MemoryStore::new()),
