@@ -19,14 +19,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// How long a wait re-polls at once before it starts to sleep. An enqueue that answers `ncclInProgress`, or a
-/// small collective's event, usually settles within microseconds, while the shortest `thread::sleep` costs the
-/// kernel's timer slack (about 50 µs on Linux): sleeping from the first poll turned a 14 µs two-rank all-reduce
-/// into 94 µs on the H100 (2026-11-22).
-const SPIN: Duration = Duration::from_micros(100);
+/// How long a wait re-polls at once, on the CPU it has. An enqueue that answers `ncclInProgress`, or a small
+/// collective's event, usually settles within microseconds, while the shortest `thread::sleep` costs the kernel's
+/// timer slack (about 50 µs on Linux): sleeping from the first poll turned a 14 µs two-rank all-reduce into
+/// 94 µs on the H100 (2026-11-22). `yield_now` is no better on a busy machine: it hands the core to another
+/// runnable thread for a whole time slice (80-900 µs per poll measured under the fake on a loaded 2-core machine).
+const SPIN: Duration = Duration::from_micros(50);
 
-/// Paces the polls of one bounded wait: re-poll at once (yielding the core) for [`SPIN`], then sleep with
-/// doubling pauses up to `max`.
+/// After [`SPIN`], how long a wait yields the core between polls before it starts to sleep.
+const YIELD: Duration = Duration::from_micros(500);
+
+/// Paces the polls of one bounded wait: spin for [`SPIN`], yield until [`YIELD`], then sleep with doubling
+/// pauses up to `max`.
 pub(crate) struct Backoff {
     started: Instant,
     pause: Duration,
@@ -44,7 +48,12 @@ impl Backoff {
 
     /// Waits before the next poll.
     pub(crate) fn pause(&mut self) {
-        if self.started.elapsed() < SPIN {
+        let waited = self.started.elapsed();
+        if waited < SPIN {
+            for _ in 0..64 {
+                std::hint::spin_loop();
+            }
+        } else if waited < YIELD {
             std::thread::yield_now();
         } else {
             std::thread::sleep(self.pause);

@@ -26,6 +26,11 @@ pub struct Gpu {
     runtime: Arc<DeviceRuntime>,
     ctx: Arc<CudaContext>,
     ordinal: usize,
+    /// Held for the `Gpu`'s lifetime so that the context always has a stream: cudarc synchronizes the whole
+    /// context when one of its `CudaContext`s makes its first stream, and with several ranks on one device that
+    /// would wait for a peer's collective that waits for this rank (a deadlock the fake GPU showed). Made here,
+    /// before this rank belongs to any communicator, the synchronize waits for nothing of its own.
+    _first_stream: Arc<CudaStream>,
     events: Mutex<Vec<CudaEvent>>,
     kernels: Mutex<Option<Arc<Kernels>>>,
 }
@@ -94,10 +99,15 @@ impl Gpu {
             &format!("gpu{ordinal}"),
             "creating the cuda context",
         ))?;
+        let first_stream = ctx.new_stream().map_err(cuda_err(
+            &format!("gpu{ordinal}"),
+            "creating the first stream",
+        ))?;
         Ok(Arc::new(Gpu {
             runtime,
             ctx,
             ordinal,
+            _first_stream: first_stream,
             events: Mutex::new(Vec::new()),
             kernels: Mutex::new(None),
         }))
