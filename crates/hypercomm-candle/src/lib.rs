@@ -27,6 +27,10 @@ pub mod tp;
 #[cfg(test)]
 mod testing;
 
+/// The candle this crate is built against, so that users name one version.
+pub use candle_core;
+/// The candle-nn this crate is built against.
+pub use candle_nn;
 pub use collectives::TensorWork;
 pub use ddp::{DEFAULT_BUCKET_BYTES, GradSync, SyncStats};
 pub use error::{Error, Result};
