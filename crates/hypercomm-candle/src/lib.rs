@@ -14,6 +14,32 @@
 //!
 //! Tensors on the CPU go through the host backend (shared memory or TCP). Element types: u8, u32, i32, i64, f16,
 //! bf16, f32, f64; others (i16, the f8/f6/f4 formats) and tensors on other devices are an [`Error`] naming them.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use candle_core::{Device, Tensor};
+//! use hypercomm_candle::{ReduceOp, TensorGroup};
+//! use hypercomm_comm::{BackendKind, CommOptions, Communicator};
+//! use hypercomm_store::MemoryStore;
+//!
+//! // Two ranks as two threads sharing a store; a collection's groups work the same way.
+//! let store = Arc::new(MemoryStore::new());
+//! let ranks: Vec<_> = (0..2)
+//!     .map(|me| {
+//!         let store = Arc::clone(&store);
+//!         std::thread::spawn(move || -> Result<Vec<f32>, Box<dyn std::error::Error + Send + Sync>> {
+//!             let comm = Communicator::new(BackendKind::Host, store, vec![0, 1], me, CommOptions::named("doc"))?;
+//!             let group = TensorGroup::from_communicator(Arc::new(comm));
+//!             let t = Tensor::new(&[1f32, 2.0], &Device::Cpu)?.affine(me as f64 + 1.0, 0.0)?;
+//!             Ok(group.all_reduce(&t, ReduceOp::Sum)?.to_vec1()?)
+//!         })
+//!     })
+//!     .collect();
+//! for r in ranks {
+//!     assert_eq!(r.join().unwrap().unwrap(), [3.0, 6.0]);
+//! }
+//! ```
+//!
 //! CUDA tensors are not served yet: candle's CUDA backend needs `nvcc` at build time, and this crate builds
 //! candle with its default features, which compile no GPU code.
 
