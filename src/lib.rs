@@ -8,6 +8,8 @@
 //! - [`comm`]: communicators. One `Communicator` face; the host backend runs on shared memory and TCP, and
 //!   [`comm::device`] runs collectives on GPU memory through NCCL (loaded at run time).
 //! - [`pgc`]: per rank, the communicators of every group it belongs to (Megatron's `ProcessGroupCollection`).
+//! - `candle` (feature `candle`): collectives on candle tensors, a bucketed data-parallel gradient synchroniser
+//!   and Megatron's tensor-parallel layers, over the groups of a collection.
 //!
 //! Nothing in hypercomm is global: every grid, store and communicator is a value you own and pass along, so any
 //! number of worlds live side by side in one process.
@@ -16,3 +18,6 @@ pub use hypercomm_comm as comm;
 pub use hypercomm_grid as grid;
 pub use hypercomm_store as store;
 pub use process_group_collection as pgc;
+
+#[cfg(feature = "candle")]
+pub use hypercomm_candle as candle;

@@ -1,4 +1,7 @@
 //! Every example is a program users copy: run each one (as built by `cargo test`) and require success.
+//!
+//! `candle_dp_tp` needs the feature `candle` (README's test command enables it); without it, its test is left out
+//! along with the example.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -13,13 +16,23 @@ fn examples_dir() -> PathBuf {
 }
 
 fn run_example(name: &str) -> String {
+    run_example_with(name, &[])
+}
+
+fn example_command(name: &str, args: &[&str]) -> Command {
     let path = examples_dir().join(name);
     assert!(
         path.exists(),
         "{} is missing: `cargo test` builds examples, run it through cargo",
         path.display()
     );
-    let out = Command::new(&path).output().expect("run example");
+    let mut command = Command::new(&path);
+    command.args(args);
+    command
+}
+
+fn run_example_with(name: &str, args: &[&str]) -> String {
+    let out = example_command(name, args).output().expect("run example");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -80,4 +93,68 @@ fn device_routing_runs_the_host_half_everywhere() {
         device_runs == 2 || out.contains("no device half: "),
         "{out}"
     );
+}
+
+/// `candle_dp_tp`'s per-step losses and final checksum, parsed from its output.
+#[cfg(feature = "candle")]
+fn losses_and_checksum(out: &str) -> (Vec<f64>, f64) {
+    let mut losses = Vec::new();
+    let mut checksum = None;
+    for line in out.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["step", n, "loss", v] => {
+                assert_eq!(n.parse::<usize>().ok(), Some(losses.len() + 1), "{out}");
+                losses.push(v.parse().expect("loss value"));
+            }
+            ["final", "weight", "checksum", v] => {
+                checksum = Some(v.parse().expect("checksum value"))
+            }
+            _ => {}
+        }
+    }
+    (
+        losses,
+        checksum.unwrap_or_else(|| panic!("no checksum line in:\n{out}")),
+    )
+}
+
+#[cfg(feature = "candle")]
+#[test]
+fn candle_dp_tp_four_ranks_train_like_one() {
+    let reference = run_example_with("candle_dp_tp", &["--tp", "1", "--dp", "1"]);
+    let parallel = run_example_with("candle_dp_tp", &["--tp", "2", "--dp", "2"]);
+    let (ref_losses, ref_sum) = losses_and_checksum(&reference);
+    let (par_losses, par_sum) = losses_and_checksum(&parallel);
+    assert_eq!(ref_losses.len(), 20, "{reference}");
+    assert_eq!(par_losses.len(), 20, "{parallel}");
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * a.abs().max(b.abs());
+    for (step, (a, b)) in ref_losses.iter().zip(&par_losses).enumerate() {
+        assert!(
+            close(*a, *b),
+            "step {}: loss {a} (1 rank) vs {b} (tp 2, dp 2)",
+            step + 1
+        );
+    }
+    assert!(
+        close(ref_sum, par_sum),
+        "checksum {ref_sum} (1 rank) vs {par_sum} (tp 2, dp 2)"
+    );
+    // Training does something: the last loss is well below the first.
+    assert!(ref_losses[19] < 0.5 * ref_losses[0], "{reference}");
+}
+
+#[cfg(feature = "candle")]
+#[test]
+fn candle_dp_tp_without_cuda_says_how_and_exits_2() {
+    let out = example_command("candle_dp_tp", &["--device", "cuda"])
+        .output()
+        .expect("run example");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--device cuda needs candle's CUDA backend"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("`cuda` feature"), "{stderr}");
 }

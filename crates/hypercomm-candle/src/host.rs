@@ -1,0 +1,247 @@
+//! [`HostBuf`]: a tensor's elements as a typed host vector, the form the host [`Communicator`] moves.
+//!
+//! candle tensors and hypercomm buffers share these element types: u8, u32, i32, i64, f16, bf16, f32, f64.
+//! The conversion both ways, and the dispatch from a runtime dtype to a typed collective, live here only.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, DType, Device, Layout, Shape, Tensor};
+use half::{bf16, f16};
+use hypercomm_comm::{CommError, Communicator, ReduceOp};
+
+use crate::{Error, Result};
+
+/// The candle element types a host communicator can carry.
+pub(crate) const SUPPORTED: &str = "u8, u32, i32, i64, f16, bf16, f32, f64";
+
+/// A tensor's elements, flattened in row-major order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum HostBuf {
+    U8(Vec<u8>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+/// Runs `$body` with `$v` bound to the vector of whichever variant `$buf` is, and `$wrap` to that variant's
+/// constructor, so one expression serves every element type.
+macro_rules! each {
+    ($buf:expr, $v:ident, $wrap:ident => $body:expr) => {
+        match $buf {
+            HostBuf::U8($v) => {
+                let $wrap = HostBuf::U8;
+                $body
+            }
+            HostBuf::U32($v) => {
+                let $wrap = HostBuf::U32;
+                $body
+            }
+            HostBuf::I32($v) => {
+                let $wrap = HostBuf::I32;
+                $body
+            }
+            HostBuf::I64($v) => {
+                let $wrap = HostBuf::I64;
+                $body
+            }
+            HostBuf::F16($v) => {
+                let $wrap = HostBuf::F16;
+                $body
+            }
+            HostBuf::BF16($v) => {
+                let $wrap = HostBuf::BF16;
+                $body
+            }
+            HostBuf::F32($v) => {
+                let $wrap = HostBuf::F32;
+                $body
+            }
+            HostBuf::F64($v) => {
+                let $wrap = HostBuf::F64;
+                $body
+            }
+        }
+    };
+}
+
+/// `flat`'s elements as a vector of `like`'s element type (which names the type for `to_vec1`).
+fn vec_of<T: candle_core::WithDType>(flat: &Tensor, _like: &[T]) -> candle_core::Result<Vec<T>> {
+    flat.to_vec1::<T>()
+}
+
+/// A collective in flight; [`Pending::wait`] gives back the resulting buffer.
+pub(crate) struct Pending(Box<dyn FnOnce() -> Result<HostBuf, CommError> + Send>);
+
+impl Pending {
+    /// Blocks until the collective completes (bounded by the communicator's timeout).
+    pub(crate) fn wait(self) -> Result<HostBuf, CommError> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pending")
+    }
+}
+
+/// Why a tensor cannot be moved by a host communicator, if it cannot.
+pub(crate) fn check_tensor(t: &Tensor, op: &'static str, group: &str) -> Result<()> {
+    if !t.device().is_cpu() {
+        return Err(Error::UnsupportedDevice {
+            op,
+            group: group.to_owned(),
+            device: format!("{:?}", t.device().location()),
+        });
+    }
+    HostBuf::empty(t.dtype(), op, group).map(|_| ())
+}
+
+impl HostBuf {
+    /// An empty buffer of `dtype`, or the error naming an unsupported dtype.
+    pub(crate) fn empty(dtype: DType, op: &'static str, group: &str) -> Result<HostBuf> {
+        Ok(match dtype {
+            DType::U8 => HostBuf::U8(Vec::new()),
+            DType::U32 => HostBuf::U32(Vec::new()),
+            DType::I32 => HostBuf::I32(Vec::new()),
+            DType::I64 => HostBuf::I64(Vec::new()),
+            DType::F16 => HostBuf::F16(Vec::new()),
+            DType::BF16 => HostBuf::BF16(Vec::new()),
+            DType::F32 => HostBuf::F32(Vec::new()),
+            DType::F64 => HostBuf::F64(Vec::new()),
+            dtype => {
+                return Err(Error::UnsupportedDType {
+                    op,
+                    group: group.to_owned(),
+                    dtype,
+                    supported: SUPPORTED,
+                });
+            }
+        })
+    }
+
+    /// The elements of a CPU tensor in row-major order (a non-contiguous tensor is read through its layout).
+    pub(crate) fn from_tensor(t: &Tensor, op: &'static str, group: &str) -> Result<HostBuf> {
+        check_tensor(t, op, group)?;
+        let mut buf = HostBuf::empty(t.dtype(), op, group)?;
+        buf.append(t)?;
+        Ok(buf)
+    }
+
+    /// Appends the elements of `t`, which must have this buffer's dtype.
+    pub(crate) fn append(&mut self, t: &Tensor) -> Result<()> {
+        let flat = t.flatten_all()?;
+        each!(self, v, _wrap => v.extend(vec_of(&flat, v)?));
+        Ok(())
+    }
+
+    /// The elements of a custom op's input: `storage` read through `layout`, which must be contiguous (the
+    /// callers make it so before applying the op).
+    pub(crate) fn from_storage(
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<HostBuf> {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!(
+                "hypercomm: a custom op got a non-contiguous input (layout {layout:?})"
+            )
+        };
+        Ok(match storage {
+            CpuStorage::U8(v) => HostBuf::U8(v[start..end].to_vec()),
+            CpuStorage::U32(v) => HostBuf::U32(v[start..end].to_vec()),
+            CpuStorage::I32(v) => HostBuf::I32(v[start..end].to_vec()),
+            CpuStorage::I64(v) => HostBuf::I64(v[start..end].to_vec()),
+            CpuStorage::F16(v) => HostBuf::F16(v[start..end].to_vec()),
+            CpuStorage::BF16(v) => HostBuf::BF16(v[start..end].to_vec()),
+            CpuStorage::F32(v) => HostBuf::F32(v[start..end].to_vec()),
+            CpuStorage::F64(v) => HostBuf::F64(v[start..end].to_vec()),
+            other => candle_core::bail!(
+                "hypercomm: tensors of dtype {:?} cannot be communicated (supported: {SUPPORTED})",
+                other.dtype()
+            ),
+        })
+    }
+
+    /// The buffer as candle CPU storage.
+    pub(crate) fn into_storage(self) -> CpuStorage {
+        match self {
+            HostBuf::U8(v) => CpuStorage::U8(v),
+            HostBuf::U32(v) => CpuStorage::U32(v),
+            HostBuf::I32(v) => CpuStorage::I32(v),
+            HostBuf::I64(v) => CpuStorage::I64(v),
+            HostBuf::F16(v) => CpuStorage::F16(v),
+            HostBuf::BF16(v) => CpuStorage::BF16(v),
+            HostBuf::F32(v) => CpuStorage::F32(v),
+            HostBuf::F64(v) => CpuStorage::F64(v),
+        }
+    }
+
+    /// Number of elements.
+    pub(crate) fn len(&self) -> usize {
+        each!(self, v, _wrap => v.len())
+    }
+
+    /// Size of the elements in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        each!(self, v, _wrap => std::mem::size_of_val(v.as_slice()))
+    }
+
+    /// The whole buffer as a tensor of `shape` on `device`.
+    pub(crate) fn into_tensor(self, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        Ok(each!(self, v, _wrap => Tensor::from_vec(v, shape, device)?))
+    }
+
+    /// Elements `start..start + shape.elem_count()` as a tensor of `shape` on `device`.
+    pub(crate) fn tensor_at(&self, start: usize, shape: &Shape, device: &Device) -> Result<Tensor> {
+        let end = start + shape.elem_count();
+        Ok(each!(self, v, _wrap => Tensor::from_slice(&v[start..end], shape, device)?))
+    }
+
+    /// Issues an in-place all-reduce.
+    pub(crate) fn all_reduce(
+        self,
+        comm: &Communicator,
+        op: ReduceOp,
+    ) -> Result<Pending, CommError> {
+        each!(self, v, wrap => {
+            let work = comm.all_reduce(v, op)?;
+            Ok(Pending(Box::new(move || work.wait().map(wrap))))
+        })
+    }
+
+    /// Issues an in-place broadcast from group rank `root`.
+    pub(crate) fn broadcast(self, comm: &Communicator, root: usize) -> Result<Pending, CommError> {
+        each!(self, v, wrap => {
+            let work = comm.broadcast(v, root)?;
+            Ok(Pending(Box::new(move || work.wait().map(wrap))))
+        })
+    }
+
+    /// Issues an all-gather: the result holds every rank's buffer in rank order.
+    pub(crate) fn all_gather(self, comm: &Communicator) -> Result<Pending, CommError> {
+        let n = comm.size();
+        each!(self, v, wrap => {
+            let out = vec![Default::default(); v.len() * n];
+            let work = comm.all_gather_into(v, out)?;
+            Ok(Pending(Box::new(move || work.wait().map(|(_, out)| wrap(out)))))
+        })
+    }
+
+    /// Issues a reduce-scatter: the buffer holds one block per rank; the result is the reduction of every rank's
+    /// block at this rank's position.
+    pub(crate) fn reduce_scatter(
+        self,
+        comm: &Communicator,
+        op: ReduceOp,
+    ) -> Result<Pending, CommError> {
+        let n = comm.size();
+        each!(self, v, wrap => {
+            let out = vec![Default::default(); v.len() / n];
+            let work = comm.reduce_scatter_into(v, out, op)?;
+            Ok(Pending(Box::new(move || work.wait().map(|(_, out)| wrap(out)))))
+        })
+    }
+}
