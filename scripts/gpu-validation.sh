@@ -2,7 +2,11 @@
 # GPU validation of the NCCL device backend, in two halves (see docs/gpu-validation.md):
 #
 #   scripts/gpu-validation.sh bundle    # on a machine with Rust: build the binaries into gpu-bin/
-#   bash gpu-bin/run.sh                 # on the GPU machine (no Rust needed): run them, logs into $OUT
+#   bash gpu-bin/run.sh [LIBNCCL]       # on the GPU machine (no Rust needed): run them, logs into $OUT
+#
+# LIBNCCL, when given, is the NCCL to test (e.g. /tmp/nccl/build/lib/libnccl.so.2 from ../shared/gpu/build-nccl.sh);
+# with NCCL 2.30 or newer the run also sets NCCL_MULTI_RANK_GPU_ENABLE=1, so the two-rank tests run on one GPU,
+# and benchmarks two ranks too. Every test runs with HYPERCOMM_REQUIRE_GPU=1: a skip is a failure.
 #
 # gpu-bin/ is ignored by git (.gitignore); name it in the device tool's `carry`.
 set -euo pipefail
@@ -26,7 +30,7 @@ for line in sys.stdin:
     cp scripts/gpu-validation.sh gpu-bin/run.sh
     echo "gpu-bin/ ready: $(ls gpu-bin | tr '\n' ' ')"
     ;;
-"" | run)
+"" | run | /*)
     # On the GPU machine, from the repository root or from gpu-bin/.
     bin="$(cd "$(dirname "$0")" && pwd)"
     [ -x "$bin/gpu-tests" ] || bin="$PWD/gpu-bin"
@@ -44,24 +48,38 @@ for root in roots:
 PY
 )"
     [ -n "$nvrtc" ] && export LD_LIBRARY_PATH="$nvrtc:${LD_LIBRARY_PATH:-}"
+    ranks=(1)
+    lib=""
+    case "${1:-}" in run) lib="${2:-}" ;; /*) lib="$1" ;; esac
+    if [ -n "$lib" ]; then
+        [ -f "$lib" ] || { echo "run.sh: no nccl library at $lib" >&2; exit 2; }
+        export NCCL_LIBRARY="$lib"
+        # Two ranks on one GPU need NCCL 2.30+ (the tests and the bench check the version themselves).
+        export NCCL_MULTI_RANK_GPU_ENABLE=1
+        ranks=(1 2)
+    fi
+    export HYPERCOMM_REQUIRE_GPU=1
     {
         date -u +"%Y-%m-%dT%H:%M:%SZ"
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
         echo "nvrtc folder: ${nvrtc:-not found}"
+        echo "NCCL_LIBRARY: ${NCCL_LIBRARY:-unset, found by the loader search}"
     } | tee "$out/machine.txt"
     status=0
     NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "$bin/gpu-tests" --nocapture --test-threads=1 \
         >"$out/gpu-tests.log" 2>&1 || status=$?
     grep -E "^test |test result|skipping|panicked" "$out/gpu-tests.log" || true
-    for op in all_reduce all_gather reduce_scatter; do
-        "$bin/hypercomm" bench --backend nccl --op "$op" --sizes 8B:1GiB --overhead-batches 51 \
-            --json "$out/bench-$op.json" --plot "$out/bench-$op.svg" 2>&1 | tee "$out/bench-$op.log" \
-            || status=1
+    for n in "${ranks[@]}"; do
+        for op in all_reduce all_gather reduce_scatter; do
+            "$bin/hypercomm" bench --backend nccl -n "$n" --op "$op" --sizes 8B:1GiB --overhead-batches 51 \
+                --json "$out/bench-${n}rank-$op.json" --plot "$out/bench-${n}rank-$op.svg" 2>&1 \
+                | tee "$out/bench-${n}rank-$op.log" || status=1
+        done
     done
     exit "$status"
     ;;
 *)
-    echo "usage: $0 bundle | run" >&2
+    echo "usage: $0 bundle | run [/path/to/libnccl.so.2] | /path/to/libnccl.so.2" >&2
     exit 2
     ;;
 esac

@@ -2,17 +2,35 @@
 //! and passes, so this target runs everywhere; on the GPU machine it is the validation run described in
 //! `docs/gpu-validation.md` (run with `--nocapture` to see the skips and `NCCL_DEBUG=INFO` for the knobs).
 //!
+//! With `HYPERCOMM_REQUIRE_GPU=1` (which `scripts/gpu-validation.sh` sets) a GPU run cannot pass by skipping:
+//! every skip is a failure that says what was missing. A GPU that the probe finds but that cannot be opened is a
+//! failure in any case.
+//!
 //! Also here: compiling the kernels with NVRTC through cudarc, which needs only libnvrtc (no GPU).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hypercomm_comm::device::{
     DeviceCommunicator, DeviceRuntime, Gpu, Placed, ProcessGroup, StridedLayout,
 };
 use hypercomm_comm::{CommError, CommOptions, ReduceOp};
-use hypercomm_store::MemoryStore;
+use hypercomm_store::{MemoryStore, Store};
 use nccl_sys::SearchConfig;
+
+/// Whether this run must not skip (`HYPERCOMM_REQUIRE_GPU=1`).
+fn gpu_required() -> bool {
+    std::env::var("HYPERCOMM_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// Says why `test` skips, or fails it when the run requires a GPU.
+fn skip(test: &str, why: impl std::fmt::Display) {
+    assert!(
+        !gpu_required(),
+        "{test}: HYPERCOMM_REQUIRE_GPU=1, but the test would skip: {why}"
+    );
+    eprintln!("{test}: skipping: {why}");
+}
 
 fn gpu_or_skip(test: &str) -> Option<Arc<Gpu>> {
     // Reads (never writes) the process environment: this is about the machine's real setup.
@@ -24,17 +42,12 @@ fn gpu_or_skip(test: &str) -> Option<Arc<Gpu>> {
                 rt.nccl().origin(),
                 rt.driver()
             );
-            match Gpu::open(rt, 0) {
-                Ok(g) => Some(g),
-                Err(e) => {
-                    eprintln!("{test}: skipping: {e}");
-                    None
-                }
-            }
+            // The probe found a device: failing to open it is a failure, not a reason to skip.
+            Some(Gpu::open(rt, 0).unwrap_or_else(|e| panic!("{test}: opening gpu 0: {e}")))
         }
         Err(e) => {
             assert!(matches!(e, CommError::Unavailable { .. }), "{e:?}");
-            eprintln!("{test}: skipping: {e}");
+            skip(test, e);
             None
         }
     }
@@ -60,7 +73,10 @@ fn single(gpu: &Arc<Gpu>, name: &str, options: CommOptions) -> DeviceCommunicato
 fn kernels_compile_with_nvrtc_when_present() {
     // SAFETY: only tries to dlopen libnvrtc; nothing is called unless it opens.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        eprintln!("skipping: libnvrtc not found (put libnvrtc.so.13's folder on LD_LIBRARY_PATH)");
+        skip(
+            "nvrtc",
+            "libnvrtc not found (put libnvrtc.so.13's folder on LD_LIBRARY_PATH)",
+        );
         return;
     }
     for source in hypercomm_kernels::ALL {
@@ -261,11 +277,14 @@ fn two_ranks_or_skip(test: &str) -> Option<[Arc<Gpu>; 2]> {
     if version >= nccl_sys::Version::new(2, 30, 0) && enabled {
         return Some([Arc::clone(&gpu), gpu]);
     }
-    eprintln!(
-        "{test}: skipping: two ranks need two GPUs, or one GPU with NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 \
-         (found {} device(s), nccl {version}, NCCL_MULTI_RANK_GPU_ENABLE {})",
-        runtime.device_count(),
-        if enabled { "set" } else { "unset" }
+    skip(
+        test,
+        format!(
+            "two ranks need two GPUs, or one GPU with NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 (found {} \
+             device(s), nccl {version}, NCCL_MULTI_RANK_GPU_ENABLE {})",
+            runtime.device_count(),
+            if enabled { "set" } else { "unset" }
+        ),
     );
     None
 }
@@ -444,4 +463,235 @@ fn a_process_group_runs_host_buffers_on_the_host_and_device_buffers_on_nccl() {
         panic!("a device buffer came back on the host");
     };
     assert_eq!(dev.download().unwrap(), [4, 5, 6]);
+}
+
+#[test]
+fn one_cta_bound_creates_a_working_communicator() {
+    // The H100 run of 2026-11-22: NCCL refused min_ctas alone ("Invalid config min/max channels attribute value
+    // 1/-2147483648"). hypercomm now fills the other bound with NCCL's default.
+    let Some(gpu) = gpu_or_skip("one cta bound") else {
+        return;
+    };
+    for (lo, hi) in [(Some(1), None), (Some(4), None), (None, Some(2))] {
+        let opts = CommOptions {
+            min_ctas: lo,
+            max_ctas: hi,
+            ..CommOptions::named("x")
+        };
+        let comm = single(&gpu, &format!("ctas-{lo:?}-{hi:?}"), opts);
+        let buf = comm
+            .all_reduce(gpu.upload(&[3.0f32, 4.0]).unwrap(), ReduceOp::Sum)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(buf.download().unwrap(), [3.0, 4.0], "{lo:?}/{hi:?}");
+    }
+}
+
+#[test]
+fn split_and_shrink_of_a_nonblocking_communicator_give_working_children() {
+    // The H100 run of 2026-11-22: a non-blocking parent's split returned no child, because NCCL writes the child
+    // only when the split completes. Shrink takes the same path.
+    let Some(gpu) = gpu_or_skip("non-blocking split") else {
+        return;
+    };
+    let parent = single(
+        &gpu,
+        "nb-parent",
+        CommOptions {
+            blocking: Some(false),
+            ..CommOptions::named("x")
+        },
+    );
+    for round in 0..3 {
+        let child = parent
+            .split(Some(round), 0)
+            .unwrap()
+            .expect("a color gives a child");
+        let buf = child
+            .all_reduce(gpu.upload(&[round as i32; 5]).unwrap(), ReduceOp::Max)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(buf.download().unwrap(), [round as i32; 5]);
+    }
+    assert!(parent.split(None, 0).unwrap().is_none());
+    if parent
+        .gpu()
+        .runtime()
+        .nccl()
+        .require(nccl_sys::Function::CommShrink)
+        .is_err()
+    {
+        skip(
+            "non-blocking shrink",
+            "ncclCommShrink needs NCCL 2.27 or newer",
+        );
+        return;
+    }
+    let shrunk = parent.shrink(&[], false).unwrap();
+    let buf = shrunk
+        .all_reduce(gpu.upload(&[2.5f64]).unwrap(), ReduceOp::Sum)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(buf.download().unwrap(), [2.5]);
+}
+
+#[test]
+fn a_rank_that_never_joins_is_a_timeout_that_aborts() {
+    // A two-rank communicator whose second rank never comes: creation must end in a timeout naming the
+    // communicator (after aborting it), not hang. Runs on one GPU with any NCCL, since rank 1 never runs.
+    let Some(gpu) = gpu_or_skip("never joins") else {
+        return;
+    };
+    let started = Instant::now();
+    let e = DeviceCommunicator::new(
+        gpu,
+        Arc::new(MemoryStore::new()),
+        vec![0, 1],
+        0,
+        CommOptions {
+            timeout: Duration::from_secs(10),
+            ..CommOptions::named("lonely")
+        },
+    )
+    .expect_err("rank 1 never joins");
+    eprintln!("never joins: {e} after {:?}", started.elapsed());
+    assert!(matches!(e, CommError::Timeout { .. }), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(60));
+}
+
+/// Runs `f(rank, gpu, store)` for two ranks on threads (see [`two_ranks_or_skip`]).
+fn on_two_ranks(test: &str, f: impl Fn(usize, Arc<Gpu>, Arc<dyn Store>) + Sync) {
+    let Some(gpus) = two_ranks_or_skip(test) else {
+        return;
+    };
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..2)
+            .map(|r| {
+                let (gpu, store, f) = (Arc::clone(&gpus[r]), Arc::clone(&store), &f);
+                scope.spawn(move || f(r, gpu, store))
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a rank failed; its message is above");
+        }
+    });
+}
+
+fn pair(gpu: &Arc<Gpu>, store: &Arc<dyn Store>, rank: usize, name: &str) -> DeviceCommunicator {
+    DeviceCommunicator::new(
+        Arc::clone(gpu),
+        Arc::clone(store),
+        vec![0, 1],
+        rank,
+        CommOptions {
+            timeout: Duration::from_secs(60),
+            ..CommOptions::named(name)
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn two_ranks_overlap_all_gather_and_reduce_scatter_on_twin_communicators() {
+    // As Megatron's dp_cp and dp_cp_ag: the ranks issue the two operations in opposite orders. On one
+    // communicator (one stream) that deadlocks; on twins each stream progresses on its own.
+    on_two_ranks("two-rank overlap", |rank, gpu, store| {
+        let dp = pair(&gpu, &store, rank, "dp_cp");
+        let ag = pair(&gpu, &store, rank, "dp_cp_ag");
+        let n = 1 << 20;
+        for round in 0..10 {
+            let shard = vec![(rank * 10 + round) as f32; n];
+            let grads: Vec<f32> = (0..2 * n)
+                .map(|i| ((i % 7) + rank + round) as f32)
+                .collect();
+            let gather = || {
+                ag.all_gather_into(gpu.upload(&shard).unwrap(), gpu.alloc_zeros(2 * n).unwrap())
+                    .unwrap()
+            };
+            let scatter = || {
+                dp.reduce_scatter_into(
+                    gpu.upload(&grads).unwrap(),
+                    gpu.alloc_zeros(n).unwrap(),
+                    ReduceOp::Sum,
+                )
+                .unwrap()
+            };
+            let (g, s) = if rank == 0 {
+                let g = gather();
+                (g, scatter())
+            } else {
+                let s = scatter();
+                (gather(), s)
+            };
+            let (_, gathered) = g.synchronize().unwrap();
+            let (_, reduced) = s.synchronize().unwrap();
+            let gathered = gathered.download().unwrap();
+            assert!(gathered[..n].iter().all(|&v| v == round as f32));
+            assert!(gathered[n..].iter().all(|&v| v == (10 + round) as f32));
+            let want: Vec<f32> = (0..n)
+                .map(|j| {
+                    (0..2)
+                        .map(|r| (((rank * n + j) % 7) + r + round) as f32)
+                        .sum()
+                })
+                .collect();
+            assert!(reduced.download().unwrap() == want, "round {round}");
+        }
+    });
+}
+
+#[test]
+fn two_ranks_split_a_nonblocking_communicator() {
+    on_two_ranks("two-rank split", |rank, gpu, store| {
+        let parent = pair(&gpu, &store, rank, "parent");
+        // Both ranks in one child, the order reversed by key.
+        let child = parent
+            .split(Some(1), -(rank as i64))
+            .unwrap()
+            .expect("color 1");
+        assert_eq!((child.size(), child.rank()), (2, 1 - rank));
+        let (_, all) = child
+            .all_gather_into(
+                gpu.upload(&[rank as u32]).unwrap(),
+                gpu.alloc_zeros(2).unwrap(),
+            )
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(all.download().unwrap(), [1, 0]);
+    });
+}
+
+#[test]
+fn two_ranks_one_that_never_calls_is_a_timeout_that_aborts() {
+    on_two_ranks("two-rank timeout", |rank, gpu, store| {
+        let comm = DeviceCommunicator::new(
+            Arc::clone(&gpu),
+            store,
+            vec![0, 1],
+            rank,
+            CommOptions {
+                timeout: Duration::from_secs(5),
+                ..CommOptions::named("stuck")
+            },
+        )
+        .unwrap();
+        if rank == 0 {
+            let started = Instant::now();
+            let e = comm
+                .all_reduce(gpu.upload(&[1.0f32; 1024]).unwrap(), ReduceOp::Sum)
+                .unwrap()
+                .synchronize()
+                .expect_err("rank 1 never calls");
+            eprintln!("two-rank timeout: {e} after {:?}", started.elapsed());
+            assert!(matches!(e, CommError::Timeout { .. }), "{e}");
+            assert!(comm.broken().is_some());
+        }
+        // Rank 1 keeps its communicator until rank 0 has given up, then drops it (rank 0's aborted).
+        std::thread::sleep(Duration::from_secs(if rank == 1 { 8 } else { 0 }));
+    });
 }
