@@ -144,6 +144,27 @@ impl CommOptions {
         }
     }
 
+    /// These options for the device half of a process group: named `<name>/device`, with the host-only knobs
+    /// (`force_tcp`, `algorithm`, `scratch_bytes`) unset.
+    ///
+    /// ```
+    /// use hypercomm_comm::CommOptions;
+    ///
+    /// let opts = CommOptions { force_tcp: true, max_ctas: Some(8), ..CommOptions::named("tp") };
+    /// let device = opts.for_device();
+    /// assert_eq!((device.name.as_str(), device.force_tcp, device.max_ctas), ("tp/device", false, Some(8)));
+    /// ```
+    #[must_use]
+    pub fn for_device(&self) -> CommOptions {
+        CommOptions {
+            name: format!("{}/device", self.name),
+            force_tcp: false,
+            algorithm: Algorithm::Auto,
+            scratch_bytes: None,
+            ..self.clone()
+        }
+    }
+
     /// Checks the options against what `backend` implements.
     pub fn validate_for(&self, backend: BackendKind) -> Result<(), CommError> {
         match backend {

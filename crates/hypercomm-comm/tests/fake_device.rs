@@ -250,8 +250,14 @@ fn fake_shrink_and_split() {
     let comm = single(&gpu, CommOptions::named("parent"));
     let child = comm.split(Some(3), 0).unwrap().expect("color 3 joins");
     assert_eq!((child.size(), child.rank()), (1, 0));
-    assert_eq!(child.name(), "parent/split/color3");
+    assert_eq!(child.name(), "parent/split0/color3");
     assert!(comm.split(None, 0).unwrap().is_none());
+    let again = comm.split(Some(3), 0).unwrap().expect("color 3 joins");
+    assert_eq!(
+        again.name(),
+        "parent/split2/color3",
+        "two splits never share a name"
+    );
     assert!(
         comm.split(Some(u32::MAX), 0).is_err(),
         "colors must fit an int"

@@ -1,8 +1,12 @@
 //! [`ProcessGroupCollection`]: one rank's communicators for every group it belongs to, and its builder.
+//!
+//! Each group is a [`ProcessGroup`]: a host communicator and, when the collection is given a GPU, an NCCL
+//! communicator over the same ranks, so a collective runs where its buffer lives.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use hypercomm_comm::device::{DeviceCommunicator, Gpu, ProcessGroup};
 use hypercomm_comm::{BackendKind, CommOptions, Communicator};
 use hypercomm_grid::layout::{GroupKind, ParallelLayout};
 use hypercomm_grid::{DimSet, Grid, Membership};
@@ -32,9 +36,21 @@ pub struct CollectionBuilder {
     backend: BackendKind,
     timeout: Duration,
     force_tcp: bool,
+    gpu: Option<Arc<Gpu>>,
 }
 
 impl CollectionBuilder {
+    /// Gives every group an NCCL communicator on `gpu` as well as its host one (each group's [`ProcessGroup`]
+    /// routes by where a buffer lives). Each kind's NCCL options from [`with_options`](Self::with_options) go to
+    /// its `ncclConfig_t` and stream; all-gather twins and tagged communicators get NCCL communicators (and
+    /// streams) of their own. Checked before anything is created: a knob the loaded NCCL cannot honour is an error
+    /// naming the group and the knob.
+    #[must_use]
+    pub fn with_gpu(mut self, gpu: Arc<Gpu>) -> Self {
+        self.gpu = Some(gpu);
+        self
+    }
+
     /// Also create `dp_cp_ag` (and `expt_dp_ag` when ep > 1): separate communicators over the ranks of `dp_cp` and
     /// `expt_dp`, so an all-gather can overlap a reduce-scatter.
     #[must_use]
@@ -137,18 +153,31 @@ impl CollectionBuilder {
         if let Some(set) = self.options.get(&slot.id.kind) {
             options = set.apply(options)?;
         }
-        options
-            .validate_for(self.backend)
-            .map_err(|source| CollectionError::Comm {
-                collection: self.name.clone(),
-                group: slot.id.clone(),
-                source: Box::new(source),
-            })?;
+        let comm_err = |source| CollectionError::Comm {
+            collection: self.name.clone(),
+            group: slot.id.clone(),
+            source: Box::new(source),
+        };
+        // With a GPU, the NCCL knobs go to the device half; without one, a knob would be lost: refused.
+        let host = match &self.gpu {
+            Some(_) => options.without_nccl_knobs(),
+            None => options.clone(),
+        };
+        host.validate_for(self.backend).map_err(comm_err)?;
+        let device = match &self.gpu {
+            Some(gpu) => {
+                let device = options.for_device();
+                gpu.check_options(&device).map_err(comm_err)?;
+                Some(device)
+            }
+            None => None,
+        };
         Ok(Entry {
             id: slot.id,
             membership: slot.membership,
-            options,
-            comm: OnceLock::new(),
+            host,
+            device,
+            group: OnceLock::new(),
             init: Mutex::new(()),
         })
     }
@@ -169,6 +198,7 @@ impl CollectionBuilder {
             store: Some(store),
             backend: self.backend,
             topology: self.topology,
+            gpu: self.gpu,
         };
         if self.creation == Creation::Eager {
             for entry in &collection.entries {
@@ -183,10 +213,50 @@ impl CollectionBuilder {
 
     /// Builds the collection by splitting `parent`, one split per group slot (color: the group's index; ranks
     /// outside every group of a slot pass no color). Every member of `parent` must call this. The rank is
-    /// `parent`'s member id for this process.
+    /// `parent`'s member id for this process. Host communicators only: with a GPU, split a process group with
+    /// [`build_by_split_group`](Self::build_by_split_group).
     pub fn build_by_split(
         self,
         parent: &Communicator,
+    ) -> Result<ProcessGroupCollection, CollectionError> {
+        if self.gpu.is_some() {
+            return Err(CollectionError::Invalid {
+                collection: self.name,
+                what: "a collection with a gpu splits a parent with a device half: use build_by_split_group"
+                    .into(),
+            });
+        }
+        self.split_from(parent, None)
+    }
+
+    /// Builds the collection by splitting both halves of `parent`: the host communicator as
+    /// [`build_by_split`](Self::build_by_split) does, and, when the builder has a GPU, the NCCL communicator with
+    /// `ncclCommSplit` (color: the group's index, no color for non-members; a kind's `split_share` option is
+    /// honoured). Every member of `parent` must call this.
+    pub fn build_by_split_group(
+        self,
+        parent: &ProcessGroup,
+    ) -> Result<ProcessGroupCollection, CollectionError> {
+        let device = match (&self.gpu, parent.device()) {
+            (Some(_), Some(d)) => Some(d),
+            (Some(_), None) => {
+                return Err(CollectionError::Invalid {
+                    collection: self.name,
+                    what: format!(
+                        "the collection has a gpu but the parent process group {} has no device communicator",
+                        parent.host().name()
+                    ),
+                });
+            }
+            (None, _) => None,
+        };
+        self.split_from(parent.host(), device)
+    }
+
+    fn split_from(
+        self,
+        parent: &Communicator,
+        parent_device: Option<&DeviceCommunicator>,
     ) -> Result<ProcessGroupCollection, CollectionError> {
         if self.creation == Creation::Lazy {
             return Err(CollectionError::Invalid {
@@ -234,8 +304,14 @@ impl CollectionBuilder {
             };
             let key = entry.membership.as_ref().map_or(0, |m| m.index as i64);
             let child = parent
-                .split_with(color, key, entry.options.clone())
+                .split_with(color, key, entry.host.clone())
                 .map_err(comm_err)?;
+            let device_child = match (parent_device, &entry.device) {
+                (Some(d), Some(options)) => d
+                    .split_with(color, key, options.clone())
+                    .map_err(comm_err)?,
+                _ => None,
+            };
             if let (Some(child), Ok(m)) = (child, &entry.membership) {
                 if child.ranks() != m.members.as_slice() {
                     return Err(CollectionError::Invalid {
@@ -248,8 +324,14 @@ impl CollectionBuilder {
                         ),
                     });
                 }
+                let device = match device_child {
+                    Some(d) => Some(d.with_members(m.members.clone(), rank).map_err(comm_err)?),
+                    None => None,
+                };
                 // Fresh OnceLock: set cannot fail.
-                let _ = entry.comm.set(child);
+                let _ = entry
+                    .group
+                    .set(ProcessGroup::new(child, device).map_err(comm_err)?);
             }
         }
         let collection = ProcessGroupCollection {
@@ -259,6 +341,7 @@ impl CollectionBuilder {
             store: None,
             backend: self.backend,
             topology: self.topology,
+            gpu: self.gpu,
         };
         collection.barrier_all()?;
         Ok(collection)
@@ -268,9 +351,12 @@ impl CollectionBuilder {
 struct Entry {
     id: GroupId,
     membership: Result<Membership, &'static str>,
-    options: CommOptions,
-    comm: OnceLock<Communicator>,
-    /// Serialises lazy creation of `comm`.
+    /// The host communicator's options (without NCCL knobs when there is a GPU).
+    host: CommOptions,
+    /// The NCCL communicator's options, when the collection has a GPU.
+    device: Option<CommOptions>,
+    group: OnceLock<ProcessGroup>,
+    /// Serialises lazy creation of `group`.
     init: Mutex<()>,
 }
 
@@ -300,6 +386,7 @@ pub struct ProcessGroupCollection {
     store: Option<Arc<dyn Store>>,
     backend: BackendKind,
     topology: Topology,
+    gpu: Option<Arc<Gpu>>,
 }
 
 impl std::fmt::Debug for ProcessGroupCollection {
@@ -344,6 +431,7 @@ impl ProcessGroupCollection {
             backend: BackendKind::Host,
             timeout: Duration::from_secs(300),
             force_tcp: false,
+            gpu: None,
         }
     }
 
@@ -376,14 +464,37 @@ impl ProcessGroupCollection {
             })
     }
 
-    /// The communicator of `group`, created now if the collection is lazy and this is its first use.
+    /// The host communicator of `group`, created now if the collection is lazy and this is its first use.
     pub fn get(&self, group: &GroupId) -> Result<&Communicator, CollectionError> {
+        self.process_group(group).map(ProcessGroup::host)
+    }
+
+    /// The process group of `group`: its host communicator and, when the collection has a GPU, its NCCL
+    /// communicator; a collective on it runs where its buffer lives. Created now if the collection is lazy and
+    /// this is its first use.
+    pub fn process_group(&self, group: &GroupId) -> Result<&ProcessGroup, CollectionError> {
         self.membership(group)?;
         let entry = self.entry(group)?;
-        if let Some(comm) = entry.comm.get() {
-            return Ok(comm);
+        if let Some(pg) = entry.group.get() {
+            return Ok(pg);
         }
         self.create(entry)
+    }
+
+    /// The NCCL communicator of `group`; an error when the collection was built without a GPU.
+    pub fn device(&self, group: &GroupId) -> Result<&DeviceCommunicator, CollectionError> {
+        let pg = self.process_group(group)?;
+        pg.device().ok_or_else(|| CollectionError::Absent {
+            collection: self.name.clone(),
+            group: group.clone(),
+            why: "the collection was built without a gpu (with_gpu), so its groups have no nccl communicator"
+                .into(),
+        })
+    }
+
+    /// The GPU the collection's NCCL communicators run on, if it has one.
+    pub fn gpu(&self) -> Option<&Arc<Gpu>> {
+        self.gpu.as_ref()
     }
 
     /// The primary communicator of a layout kind.
@@ -482,11 +593,13 @@ impl ProcessGroupCollection {
         )))
     }
 
-    /// Creates `entry`'s communicator through the store, unless another thread already has.
-    fn create<'a>(&'a self, entry: &'a Entry) -> Result<&'a Communicator, CollectionError> {
+    /// Creates `entry`'s process group through the store (the host communicator, then the NCCL one when there is
+    /// a GPU), unless another thread already has. Every member creates the same groups in the same order, so
+    /// waiting for a group's members cannot deadlock.
+    fn create<'a>(&'a self, entry: &'a Entry) -> Result<&'a ProcessGroup, CollectionError> {
         let _guard = entry.init.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(comm) = entry.comm.get() {
-            return Ok(comm);
+        if let Some(pg) = entry.group.get() {
+            return Ok(pg);
         }
         let comm_err = |source| CollectionError::Comm {
             collection: self.name.clone(),
@@ -509,21 +622,38 @@ impl ProcessGroupCollection {
             .push(m.group)
             .push(entry.id.tag.as_str());
         let scoped: Arc<dyn Store> = Arc::new(PrefixStore::new(prefix, Arc::clone(store)));
-        let comm = Communicator::new(
+        let host = Communicator::new(
             self.backend,
-            scoped,
+            Arc::clone(&scoped),
             m.members.clone(),
             self.rank,
-            entry.options.clone(),
+            entry.host.clone(),
         )
         .map_err(comm_err)?;
-        Ok(entry.comm.get_or_init(|| comm))
+        // The group's first member makes the NCCL unique id and publishes it under the group's key; only members
+        // read it.
+        let device = match (&self.gpu, &entry.device) {
+            (Some(gpu), Some(options)) => Some(
+                DeviceCommunicator::new(
+                    Arc::clone(gpu),
+                    scoped,
+                    m.members.clone(),
+                    self.rank,
+                    options.clone(),
+                )
+                .map_err(comm_err)?,
+            ),
+            _ => None,
+        };
+        let pg = ProcessGroup::new(host, device).map_err(comm_err)?;
+        Ok(entry.group.get_or_init(|| pg))
     }
 
     fn barrier_all(&self) -> Result<(), CollectionError> {
         for entry in &self.entries {
-            if let Some(comm) = entry.comm.get() {
-                comm.barrier()
+            if let Some(pg) = entry.group.get() {
+                pg.host()
+                    .barrier()
                     .and_then(hypercomm_comm::Work::wait)
                     .map_err(|source| CollectionError::Comm {
                         collection: self.name.clone(),

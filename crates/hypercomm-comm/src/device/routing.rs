@@ -242,16 +242,6 @@ impl<D: DeviceSide> std::fmt::Debug for ProcessGroup<D> {
 }
 
 /// The options without the host-only knobs, named `<name>/device` (for the device half).
-fn device_options(options: &CommOptions) -> CommOptions {
-    CommOptions {
-        name: format!("{}/device", options.name),
-        force_tcp: false,
-        algorithm: crate::Algorithm::Auto,
-        scratch_bytes: None,
-        ..options.clone()
-    }
-}
-
 type SideBuf<D, T> = <D as DeviceSide>::Buffer<T>;
 /// A buffer of `T` on the host or on `D`'s device.
 pub type PlacedBuf<D, T> = Placed<Vec<T>, SideBuf<D, T>>;
@@ -283,7 +273,7 @@ impl ProcessGroup<DeviceCommunicator> {
                 store,
                 ranks,
                 me,
-                device_options(&options),
+                options.for_device(),
             )?),
             None => None,
         };
@@ -895,7 +885,7 @@ mod tests {
         assert!(h.nccl_knobs_set().is_empty());
         assert!(h.force_tcp);
         assert!(h.validate_for(BackendKind::Host).is_ok());
-        let d = device_options(&opts);
+        let d = opts.for_device();
         assert_eq!(d.name, "g/device");
         assert!(!d.force_tcp);
         assert_eq!(d.nccl_knobs_set(), ["min_ctas", "blocking"]);

@@ -23,6 +23,8 @@ use crate::options::CommOptions;
 
 /// A communicator whose collectives run on one GPU through NCCL.
 pub struct DeviceCommunicator {
+    /// Splits and shrinks made so far, numbering the children's names as the host communicator does.
+    children: std::sync::atomic::AtomicUsize,
     gpu: Arc<Gpu>,
     comm: Arc<NcclComm>,
     stream: Arc<CudaStream>,
@@ -162,6 +164,7 @@ impl DeviceCommunicator {
     ) -> Result<DeviceCommunicator, CommError> {
         let stream = gpu.stream(settings.stream_priority == StreamPriority::Highest)?;
         Ok(DeviceCommunicator {
+            children: std::sync::atomic::AtomicUsize::new(0),
             gpu,
             comm: Arc::new(comm),
             stream,
@@ -169,6 +172,27 @@ impl DeviceCommunicator {
             ranks,
             rank,
         })
+    }
+
+    /// This communicator with its member list given as `members` (for instance the global ranks of a split
+    /// child, whose NCCL ranks are positions). `me` is this process's entry: it must be `members[self.rank()]`,
+    /// and `members` must have one entry per rank, with no repeats.
+    pub fn with_members(mut self, members: Vec<usize>, me: usize) -> Result<Self, CommError> {
+        if members.len() != self.size() || members.get(self.rank) != Some(&me) {
+            return Err(self.invalid(format!(
+                "member list {members:?} does not fit a {}-rank communicator where rank {me} is rank {}",
+                self.size(),
+                self.rank
+            )));
+        }
+        member_position(&self.options.name, &members, me)?;
+        self.ranks = members;
+        Ok(self)
+    }
+
+    fn next_child(&self) -> usize {
+        self.children
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// This rank's rank in the communicator.
@@ -229,14 +253,16 @@ impl DeviceCommunicator {
 
     /// Splits with `ncclCommSplit`, NCCL's semantics: equal `color`s form a child ordered by `key`, then rank;
     /// `None` joins nothing. Collective over this communicator. The child's name is
-    /// `<parent>/split/color<c>`; use [`split_with`](Self::split_with) for other options.
+    /// `<parent>/split<n>/color<c>`, `n` counting this communicator's splits and shrinks from 0 (as on the host),
+    /// so two splits never share a name; use [`split_with`](Self::split_with) for other options.
     pub fn split(
         &self,
         color: Option<u32>,
         key: i64,
     ) -> Result<Option<DeviceCommunicator>, CommError> {
+        let n = self.next_child();
         let name = format!(
-            "{}/split/color{}",
+            "{}/split{n}/color{}",
             self.options.name,
             color.map_or("none".to_owned(), |c| c.to_string())
         );
@@ -327,7 +353,7 @@ impl DeviceCommunicator {
             )));
         }
         let options = CommOptions {
-            name: format!("{}/shrink", self.options.name),
+            name: format!("{}/shrink{}", self.options.name, self.next_child()),
             ..self.options.clone()
         };
         let settings = translate(&options, nccl.version())?;

@@ -113,6 +113,13 @@ impl Gpu {
         }))
     }
 
+    /// Checks `options` for a device communicator on this device without creating one: every NCCL knob must be
+    /// one the loaded NCCL honours, with a valid value, and no host-only knob may be set. The error names the
+    /// option (see [`CommOptions`](crate::CommOptions)).
+    pub fn check_options(&self, options: &crate::CommOptions) -> Result<(), CommError> {
+        super::config::translate(options, self.runtime.nccl().version()).map(|_| ())
+    }
+
     /// The runtime this device was opened with.
     pub fn runtime(&self) -> &Arc<DeviceRuntime> {
         &self.runtime

@@ -1,0 +1,287 @@
+//! Process-group collections with a GPU, under `fake-gpu` (the stand-in CUDA driver and NCCL; see
+//! `crates/hypercomm-comm/tests/fake_support`): every group of a full Megatron layout gets an NCCL communicator
+//! beside its host one, store-keyed and by split, with per-kind options reaching `ncclConfig_t`, twins that
+//! overlap, and nothing left behind on drop. Ranks are threads of a child process, one fake device each.
+
+#[path = "../crates/hypercomm-comm/tests/fake_support/mod.rs"]
+mod fake_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hypercomm_comm::device::{Gpu, ProcessGroup};
+use hypercomm_comm::{CommError, CommOptions, ReduceOp};
+use hypercomm_grid::layout::{LayoutConfig, ParallelLayout};
+use hypercomm_store::{MemoryStore, Store};
+use process_group_collection::{
+    CollectionBuilder, CollectionError, GroupId, GroupOptions, ProcessGroupCollection,
+};
+
+use fake_support::{pass_under_fake, runtime};
+
+const WORLD: usize = 8;
+const DEVICES: (&str, &str) = ("FAKE_GPU_DEVICES", "8");
+
+fn layout() -> ParallelLayout {
+    LayoutConfig::new(WORLD)
+        .tp(2)
+        .pp(2)
+        .cp(2)
+        .ep(2)
+        .build()
+        .unwrap()
+}
+
+/// Per-kind options as a user writes them: NCCL knobs for tp, a high-priority stream for dp_cp.
+fn options() -> GroupOptions {
+    GroupOptions::from_json(
+        r#"{"tp": {"max_ctas": 16, "min_ctas": 2}, "dp_cp": {"high_priority_stream": true}}"#,
+    )
+    .unwrap()
+}
+
+fn builder(gpu: Arc<Gpu>) -> CollectionBuilder {
+    ProcessGroupCollection::for_layout("m", layout())
+        .with_all_gather_groups(true)
+        .with_tagged("dp_cp", "overlap")
+        .with_options(options())
+        .with_timeout(Duration::from_secs(30))
+        .with_gpu(gpu)
+}
+
+/// Runs `f(rank, gpu, store)` on `n` threads, rank `r` on fake device `r`.
+fn ranks<R: Send>(n: usize, f: impl Fn(usize, Arc<Gpu>, Arc<dyn Store>) -> R + Sync) -> Vec<R> {
+    let rt = runtime();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (gpu, store, f) = (
+                    Gpu::open(Arc::clone(&rt), r).unwrap(),
+                    Arc::clone(&store),
+                    &f,
+                );
+                s.spawn(move || f(r, gpu, store))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
+    })
+}
+
+/// For every group this rank is in: the NCCL communicator has the layout's members, its own stream, and an
+/// all-reduce of the global rank sums over exactly those members. Returns how many groups were checked.
+fn check_every_group(pgc: &ProcessGroupCollection, rank: usize) -> usize {
+    let gpu = pgc.gpu().expect("built with a gpu");
+    let mut streams = Vec::new();
+    let mut checked = 0;
+    for id in pgc.groups().cloned().collect::<Vec<_>>() {
+        let Ok(m) = pgc.membership(&id) else { continue };
+        let device = pgc.device(&id).unwrap();
+        assert_eq!(device.ranks(), m.members, "{id}");
+        assert_eq!(device.rank(), m.index, "{id}");
+        assert_eq!(pgc.get(&id).unwrap().ranks(), m.members, "{id}: host half");
+        streams.push(device.stream().cu_stream() as usize);
+        let buf = device
+            .all_reduce(gpu.upload(&[rank as u64, 1]).unwrap(), ReduceOp::Sum)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        let sum: usize = m.members.iter().sum();
+        assert_eq!(
+            buf.download().unwrap(),
+            [sum as u64, m.members.len() as u64],
+            "{id}"
+        );
+        checked += 1;
+    }
+    streams.sort_unstable();
+    streams.dedup();
+    assert_eq!(
+        streams.len(),
+        checked,
+        "every nccl communicator has a stream of its own"
+    );
+    checked
+}
+
+/// An all-gather on `dp_cp_ag` and a reduce-scatter on `dp_cp` at once, in opposite orders on alternating ranks
+/// (on one communicator this would deadlock).
+fn overlap_twins(pgc: &ProcessGroupCollection, rank: usize) {
+    let gpu = pgc.gpu().unwrap();
+    let (dp, ag) = (
+        pgc.device(&GroupId::kind("dp_cp")).unwrap(),
+        pgc.device(&GroupId::kind("dp_cp_ag")).unwrap(),
+    );
+    let n = dp.size();
+    let gather = || {
+        ag.all_gather_into(
+            gpu.upload(&[rank as i32; 3]).unwrap(),
+            gpu.alloc_zeros(3 * n).unwrap(),
+        )
+        .unwrap()
+    };
+    let scatter = || {
+        dp.reduce_scatter_into(
+            gpu.upload(&vec![1.0f32; 2 * n]).unwrap(),
+            gpu.alloc_zeros(2).unwrap(),
+            ReduceOp::Sum,
+        )
+        .unwrap()
+    };
+    let (g, s) = if dp.rank() % 2 == 0 {
+        let g = gather();
+        (g, scatter())
+    } else {
+        let s = scatter();
+        (gather(), s)
+    };
+    let (_, gathered) = g.synchronize().unwrap();
+    let (_, reduced) = s.synchronize().unwrap();
+    let want: Vec<i32> = ag.ranks().iter().flat_map(|&r| [r as i32; 3]).collect();
+    assert_eq!(gathered.download().unwrap(), want);
+    assert_eq!(reduced.download().unwrap(), [n as f32; 2]);
+}
+
+/// The fake's exchange directories left: one per NCCL communicator some rank has not destroyed yet.
+fn live_nccl_communicators() -> usize {
+    let dir = std::env::var_os("FAKE_NCCL_DIR").expect("set by the suite");
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| e.as_ref().is_ok_and(|e| e.path().is_dir()))
+        .count()
+}
+
+#[test]
+fn suite_device_collections() {
+    let log = pass_under_fake("fake_store_keyed_collection_with_a_gpu", &[DEVICES]);
+    // Per-kind options reach that kind's ncclConfig_t, and only that kind's.
+    let tp_configs: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("commName=m/tp/"))
+        .collect();
+    assert!(!tp_configs.is_empty(), "{log}");
+    assert!(
+        tp_configs
+            .iter()
+            .all(|l| l.contains("minCTAs=2 maxCTAs=16")),
+        "{tp_configs:?}"
+    );
+    let dp_configs: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("commName=m/dp/"))
+        .collect();
+    assert!(
+        !dp_configs.is_empty() && dp_configs.iter().all(|l| l.contains("maxCTAs=-2147483648")),
+        "{log}"
+    );
+    pass_under_fake(
+        "fake_collection_split_from_a_world_process_group",
+        &[DEVICES],
+    );
+    pass_under_fake("fake_a_missing_rank_is_named_with_its_group", &[DEVICES]);
+    pass_under_fake(
+        "fake_a_knob_the_loaded_nccl_lacks_is_refused_before_anything_is_made",
+        &[DEVICES, ("FAKE_NCCL_VERSION", "22400")],
+    );
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_device_collections"]
+fn fake_store_keyed_collection_with_a_gpu() {
+    let checked = ranks(WORLD, |rank, gpu, store| {
+        let pgc = builder(gpu).build(rank, store).unwrap();
+        let checked = check_every_group(&pgc, rank);
+        overlap_twins(&pgc, rank);
+        // A process group routes host buffers to the host half.
+        let pg: &ProcessGroup = pgc.process_group(&GroupId::kind("tp")).unwrap();
+        let host = pg
+            .all_reduce(
+                hypercomm_comm::device::Placed::Host(vec![1u32]),
+                ReduceOp::Sum,
+            )
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert!(matches!(host, hypercomm_comm::device::Placed::Host(v) if v == [2]));
+        checked
+    });
+    assert!(checked.iter().all(|&c| c >= 20), "{checked:?}");
+    // Every rank dropped its collection: every NCCL communicator was destroyed by every member.
+    assert_eq!(live_nccl_communicators(), 0);
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_device_collections"]
+fn fake_collection_split_from_a_world_process_group() {
+    ranks(WORLD, |rank, gpu, store| {
+        let world = ProcessGroup::connect(
+            Some(Arc::clone(&gpu)),
+            Arc::clone(&store),
+            (0..WORLD).collect(),
+            rank,
+            CommOptions {
+                timeout: Duration::from_secs(30),
+                ..CommOptions::named("world")
+            },
+        )
+        .unwrap();
+        // A host-only split of a collection that has a gpu is refused with the way out.
+        let e = builder(Arc::clone(&gpu))
+            .build_by_split(world.host())
+            .unwrap_err();
+        assert!(e.to_string().contains("build_by_split_group"), "{e}");
+        let pgc = builder(gpu).build_by_split_group(&world).unwrap();
+        check_every_group(&pgc, rank);
+        overlap_twins(&pgc, rank);
+    });
+    assert_eq!(live_nccl_communicators(), 0);
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_device_collections"]
+fn fake_a_missing_rank_is_named_with_its_group() {
+    let tp_only = || LayoutConfig::new(2).tp(2).build().unwrap();
+    let errors = ranks(1, |rank, gpu, store| {
+        ProcessGroupCollection::for_layout("lonely", tp_only())
+            .with_timeout(Duration::from_secs(2))
+            .with_gpu(gpu)
+            .build(rank, store)
+            .unwrap_err()
+    });
+    let shown = errors[0].to_string();
+    assert!(matches!(errors[0], CollectionError::Comm { .. }), "{shown}");
+    assert!(shown.contains("tp") && shown.contains('1'), "{shown}");
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_device_collections"]
+fn fake_a_knob_the_loaded_nccl_lacks_is_refused_before_anything_is_made() {
+    // FAKE_NCCL_VERSION=22400: traffic_class needs 2.25.
+    let opts = GroupOptions::from_json(r#"{"dp": {"traffic_class": 3}}"#).unwrap();
+    let errors = ranks(1, |rank, gpu, store| {
+        ProcessGroupCollection::for_layout("qos", layout())
+            .with_options(opts.clone())
+            .with_gpu(gpu)
+            .build(rank, store)
+            .unwrap_err()
+    });
+    let shown = errors[0].to_string();
+    let CollectionError::Comm { group, source, .. } = &errors[0] else {
+        panic!("{shown}");
+    };
+    assert_eq!(group.kind, "dp", "{shown}");
+    assert!(
+        matches!(
+            **source,
+            CommError::OptionNeedsNewerLibrary {
+                option: "traffic_class",
+                ..
+            }
+        ),
+        "{shown}"
+    );
+    // Refused while preparing: no communicator of any kind was made.
+    assert_eq!(live_nccl_communicators(), 0);
+}
