@@ -95,6 +95,59 @@ fn device_routing_runs_the_host_half_everywhere() {
     );
 }
 
+#[test]
+fn gpu_collection_runs_everywhere_and_on_the_fake_gpu() {
+    // As it runs here: on the host when there is no GPU (it says why), on the GPU where there is one.
+    let out = run_example("gpu_collection");
+    let on = if out.contains("no gpu: ") {
+        "on host"
+    } else {
+        "on gpu"
+    };
+    for rank in 0..4 {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("rank {rank}: ")))
+            .unwrap_or_else(|| panic!("no line for rank {rank}:\n{out}"));
+        for kind in ["tp [", "dp [", "dp_cp [", "dp_cp_ag ["] {
+            assert!(line.contains(kind), "{line}");
+        }
+        assert!(line.contains(on), "{line}");
+    }
+    // And with the device half for certain: under fake-gpu, the stand-in driver and NCCL, one device per rank.
+    let fake = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|deps| deps.join("libfake_gpu.so")))
+        .filter(|lib| lib.exists())
+        .expect("libfake_gpu.so is built beside the test binaries (a dev-dependency)");
+    let dir = std::env::temp_dir().join(format!("hypercomm-example-fake-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("exchange")).unwrap();
+    std::os::unix::fs::symlink(&fake, dir.join("libcuda.so")).unwrap();
+    let out = example_command("gpu_collection", &[])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("NCCL_LIBRARY", &fake)
+        .env("FAKE_NCCL_DIR", dir.join("exchange"))
+        .env("FAKE_GPU_DEVICES", "4")
+        .output()
+        .expect("run example");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for rank in 0..4 {
+        assert!(
+            stdout.contains(&format!("rank {rank}: tp "))
+                && stdout.contains(&format!("on gpu{rank}")),
+            "{stdout}"
+        );
+    }
+    assert!(!stdout.contains("no gpu"), "{stdout}");
+}
+
 /// `candle_dp_tp`'s per-step losses and final checksum, parsed from its output.
 #[cfg(feature = "candle")]
 fn losses_and_checksum(out: &str) -> (Vec<f64>, f64) {
