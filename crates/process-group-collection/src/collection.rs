@@ -37,7 +37,11 @@ pub struct CollectionBuilder {
     timeout: Duration,
     force_tcp: bool,
     gpu: Option<Arc<Gpu>>,
+    world_group: bool,
 }
+
+/// The kind name of the group [`CollectionBuilder::with_world_group`] adds.
+const WORLD: &str = "world";
 
 impl CollectionBuilder {
     /// Gives every group an NCCL communicator on `gpu` as well as its host one (each group's [`ProcessGroup`]
@@ -56,6 +60,15 @@ impl CollectionBuilder {
     #[must_use]
     pub fn with_all_gather_groups(mut self, on: bool) -> Self {
         self.topology.all_gather_groups = on;
+        self
+    }
+
+    /// Also create `world`: one group of every rank of the layout (its offset included), for what spans the whole
+    /// model instance (a start-up barrier, a loss all-reduce, checkpoint coordination). Reach it with
+    /// [`ProcessGroupCollection::world`]. Needs a layout.
+    #[must_use]
+    pub fn with_world_group(mut self, on: bool) -> Self {
+        self.world_group = on;
         self
     }
 
@@ -132,7 +145,19 @@ impl CollectionBuilder {
         self
     }
 
-    fn prepare(&self, rank: usize) -> Result<Vec<Entry>, CollectionError> {
+    fn prepare(&mut self, rank: usize) -> Result<Vec<Entry>, CollectionError> {
+        if self.world_group && !self.topology.custom.iter().any(|(k, _)| k == WORLD) {
+            let Some(layout) = &self.topology.layout else {
+                return Err(CollectionError::Invalid {
+                    collection: self.name.clone(),
+                    what: "with_world_group needs a layout: the world is the layout's ranks".into(),
+                });
+            };
+            let everyone = vec![layout.ranks().collect()];
+            self.topology
+                .custom
+                .push((WORLD.to_owned(), CustomGroups::Explicit(everyone)));
+        }
         self.topology.validate(&self.name)?;
         let kinds = self.topology.kind_names();
         self.options.check_kinds(kinds.iter().map(String::as_str))?;
@@ -186,7 +211,7 @@ impl CollectionBuilder {
     /// the other members under the key `collection/<name>/<kind>/<level>/<group>/<tag>`; ranks outside a group do
     /// no work for it.
     pub fn build(
-        self,
+        mut self,
         rank: usize,
         store: Arc<dyn Store>,
     ) -> Result<ProcessGroupCollection, CollectionError> {
@@ -254,7 +279,7 @@ impl CollectionBuilder {
     }
 
     fn split_from(
-        self,
+        mut self,
         parent: &Communicator,
         parent_device: Option<&DeviceCommunicator>,
     ) -> Result<ProcessGroupCollection, CollectionError> {
@@ -432,6 +457,7 @@ impl ProcessGroupCollection {
             timeout: Duration::from_secs(300),
             force_tcp: false,
             gpu: None,
+            world_group: false,
         }
     }
 
@@ -479,6 +505,20 @@ impl ProcessGroupCollection {
             return Ok(pg);
         }
         self.create(entry)
+    }
+
+    /// The process group of every rank of the layout; the collection must be built
+    /// [`with_world_group(true)`](CollectionBuilder::with_world_group).
+    pub fn world(&self) -> Result<&ProcessGroup, CollectionError> {
+        let id = GroupId::kind(WORLD);
+        if !self.entries.iter().any(|e| e.id == id) {
+            return Err(CollectionError::Absent {
+                collection: self.name.clone(),
+                group: id,
+                why: "world exists only when the collection is built with_world_group(true)".into(),
+            });
+        }
+        self.process_group(&id)
     }
 
     /// The NCCL communicator of `group`; an error when the collection was built without a GPU.

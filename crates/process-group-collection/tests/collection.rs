@@ -405,3 +405,36 @@ fn bad_requests_fail_before_any_communication() {
     // Nothing reached the store.
     assert_eq!(store.num_keys().unwrap(), 0);
 }
+
+#[test]
+fn the_world_group_spans_the_layout_with_its_offset() {
+    // Ranks 4..8: a model instance that does not start at rank 0.
+    let sums = run_ranks(4..8, |rank, store| {
+        let layout = LayoutConfig::new(4)
+            .tp(2)
+            .rank_offset(4)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let pgc = ProcessGroupCollection::for_layout("w", layout)
+            .with_world_group(true)
+            .with_timeout(TIMEOUT)
+            .build(rank, store)
+            .map_err(|e| e.to_string())?;
+        let world = pgc.world().map_err(|e| e.to_string())?;
+        assert_eq!(world.host().ranks(), [4, 5, 6, 7]);
+        let v = world
+            .host()
+            .all_reduce(vec![rank as u32], ReduceOp::Sum)
+            .and_then(hypercomm_comm::Work::wait)
+            .map_err(|e| e.to_string())?;
+        Ok(v[0])
+    });
+    assert_eq!(sums, [22; 4]);
+    // Without it, asking says how to get it.
+    let layout = LayoutConfig::new(1).build().unwrap();
+    let pgc = ProcessGroupCollection::for_layout("nw", layout)
+        .build(0, Arc::new(hypercomm_store::MemoryStore::new()))
+        .unwrap();
+    let e = pgc.world().unwrap_err().to_string();
+    assert!(e.contains("with_world_group(true)"), "{e}");
+}
