@@ -108,6 +108,16 @@ pub enum LayoutError {
         /// The kind's name.
         kind: &'static str,
     },
+    /// A level of a multi-level kind that the layout does not have.
+    #[error("{kind} has levels 0..{levels}, not level {level}")]
+    NoSuchLevel {
+        /// The kind's name.
+        kind: &'static str,
+        /// The level asked for.
+        level: usize,
+        /// How many levels there are.
+        levels: usize,
+    },
     /// A group kind name that does not exist.
     #[error("unknown group kind {name:?} (known: {known})")]
     UnknownKind {

@@ -158,6 +158,48 @@ impl ParallelLayout {
         })
     }
 
+    /// The `hcp` groups of one level, streamed ([`groups`](Self::groups) yields every level, one after another).
+    ///
+    /// ```
+    /// use hypercomm_grid::layout::LayoutConfig;
+    ///
+    /// // cp 4 split into levels of 2 and 2.
+    /// let layout = LayoutConfig::new(4).cp(4).hcp_sizes(vec![2, 2]).build()?;
+    /// assert_eq!(layout.hcp_groups(0)?.collect::<Vec<_>>(), [[0, 1], [2, 3]]);
+    /// assert_eq!(layout.hcp_groups(1)?.collect::<Vec<_>>(), [[0, 2], [1, 3]]);
+    /// assert!(layout.hcp_groups(2).is_err());
+    /// # Ok::<(), hypercomm_grid::layout::LayoutError>(())
+    /// ```
+    pub fn hcp_groups(&self, level: usize) -> Result<KindGroups, LayoutError> {
+        let Source::Hierarchical(grid) = self.source(GroupKind::Hcp)? else {
+            unreachable!("hcp's source is always hierarchical");
+        };
+        let levels = hcp_level_sets(grid, self.hcp_levels())?;
+        let set = *levels.get(level).ok_or(LayoutError::NoSuchLevel {
+            kind: GroupKind::Hcp.name(),
+            level,
+            levels: levels.len(),
+        })?;
+        let count = grid.groups_in(set).len();
+        Ok(KindGroups {
+            inner: Box::new(grid.groups_in(set)),
+            left: count,
+        })
+    }
+
+    /// `rank`'s `hcp` group at `level`, computed directly.
+    pub fn hcp_group_of(&self, rank: usize, level: usize) -> Result<Membership, LayoutError> {
+        let levels = self.hcp_levels();
+        self.memberships(rank, GroupKind::Hcp)?
+            .into_iter()
+            .nth(level)
+            .ok_or(LayoutError::NoSuchLevel {
+                kind: GroupKind::Hcp.name(),
+                level,
+                levels,
+            })
+    }
+
     /// The number of hierarchical cp levels (0 without hierarchical cp sizes).
     pub fn hcp_levels(&self) -> usize {
         self.config.hcp_sizes.as_ref().map_or(0, Vec::len)

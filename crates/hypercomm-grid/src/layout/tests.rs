@@ -495,3 +495,29 @@ fn layouts_round_trip_through_json() {
     let err = serde_json::from_str::<ParallelLayout>(r#"{"world": 16, "tq": 2}"#).unwrap_err();
     assert!(err.to_string().contains("unknown field `tq`"), "{err}");
 }
+
+#[test]
+fn hcp_levels_are_reachable_one_by_one_and_agree_with_the_flat_stream() {
+    let layout = LayoutConfig::new(16)
+        .tp(2)
+        .cp(8)
+        .hcp_sizes(vec![2, 4])
+        .build()
+        .unwrap();
+    let flat: Vec<Vec<usize>> = layout.groups(GroupKind::Hcp).unwrap().collect();
+    let by_level: Vec<Vec<usize>> = (0..layout.hcp_levels())
+        .flat_map(|l| layout.hcp_groups(l).unwrap())
+        .collect();
+    assert_eq!(flat, by_level);
+    for level in 0..2 {
+        let groups: Vec<Vec<usize>> = layout.hcp_groups(level).unwrap().collect();
+        for rank in 0..16 {
+            let m = layout.hcp_group_of(rank, level).unwrap();
+            assert!(groups.contains(&m.members), "rank {rank} level {level}");
+            assert_eq!(m.members[m.index], rank);
+        }
+    }
+    let e = layout.hcp_groups(2).err().unwrap().to_string();
+    assert!(e.contains("hcp has levels 0..2, not level 2"), "{e}");
+    assert!(layout.hcp_group_of(3, 5).is_err());
+}
