@@ -60,7 +60,7 @@ fn main() {
     );
     let layout = full_layout_8();
     for strategy in Strategy::ALL {
-        let (times, communicators) = time_builds(&layout, strategy, repeats).expect("builds");
+        let (times, communicators) = time_builds(&layout, strategy, repeats, None).expect("builds");
         println!(
             "{:>6}: {communicators} communicators per rank, median build time per rank {}",
             strategy.name(),

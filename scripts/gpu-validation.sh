@@ -76,6 +76,14 @@ PY
                 | tee "$out/bench-${n}rank-$op.log" || status=1
         done
     done
+    # Building a full collection (8 ranks, ~21 groups each) with an NCCL communicator per group, beside the host
+    # figure: 8 ranks on one GPU need the 2.30 library.
+    if [ "${#ranks[@]}" -gt 1 ]; then
+        for backend in host nccl; do
+            "$bin/hypercomm" bench --collection --backend "$backend" --repeats 3 \
+                --json "$out/collection-$backend.json" 2>&1 | tee "$out/collection-$backend.log" || status=1
+        done
+    fi
     exit "$status"
     ;;
 *)

@@ -185,3 +185,54 @@ fn nccl_bench_runs_end_to_end_on_the_fake_driver() {
     assert_eq!(bytes, [1024, 2048, 4096]);
     assert!(doc["overhead"]["extra_ns"].is_number(), "{doc}");
 }
+
+#[test]
+fn collection_bench_builds_nccl_communicators_on_the_fake_driver() {
+    // Eight ranks, one fake device each: every group of the full layout gets an NCCL communicator too.
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .expect("test binaries live in target/<profile>/deps")
+        .to_path_buf();
+    let lib = deps.join("libfake_gpu.so");
+    assert!(lib.exists(), "{} is missing", lib.display());
+    let dir = scratch("fake-collection");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("exchange")).unwrap();
+    std::os::unix::fs::symlink(&lib, dir.join("libcuda.so")).unwrap();
+    let json = scratch("fake-collection.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_hypercomm"))
+        .args([
+            "bench",
+            "--collection",
+            "--backend",
+            "nccl",
+            "--repeats",
+            "1",
+        ])
+        .args(["--json", json.to_str().unwrap()])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("NCCL_LIBRARY", &lib)
+        .env("FAKE_GPU_DEVICES", "8")
+        .env("FAKE_NCCL_DIR", dir.join("exchange"))
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("backend nccl"), "{stdout}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = doc["collection"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{doc}");
+    for row in rows {
+        assert_eq!(row["backend"], "nccl", "{doc}");
+        assert!(
+            row["communicators_per_rank"].as_u64().unwrap() >= 21,
+            "{doc}"
+        );
+    }
+    // Every NCCL communicator was destroyed by every rank when the collections were dropped.
+    let left = std::fs::read_dir(dir.join("exchange")).unwrap().count();
+    assert_eq!(left, 0, "fake nccl communicators left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}

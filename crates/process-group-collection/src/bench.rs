@@ -1,10 +1,12 @@
 //! Timing collection builds: every rank of a small world (threads sharing one in-process store) builds a full
 //! collection, by either bootstrap, and the time each rank takes is recorded. Used by `hypercomm bench
-//! --collection` and `cargo bench --bench collection`.
+//! --collection` (`--backend nccl` gives every group an NCCL communicator too) and `cargo bench --bench
+//! collection`.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use hypercomm_comm::device::{Gpu, ProcessGroup};
 use hypercomm_comm::{BackendKind, CommOptions, Communicator};
 use hypercomm_grid::layout::{LayoutConfig, ParallelLayout};
 use hypercomm_store::{MemoryStore, Store};
@@ -51,12 +53,23 @@ pub fn full_layout_8() -> ParallelLayout {
 }
 
 /// Builds the collection of `layout` (all kinds, all-gather groups on) `repeats` times on every rank, with ranks as
-/// threads; returns every rank's build time of every repeat, and the number of communicators each rank holds.
+/// threads; returns every rank's build time of every repeat, and the number of groups each rank holds. With
+/// `gpus` (one per rank, in rank order), every group also gets an NCCL communicator, and the split strategy
+/// splits a world process group's NCCL communicator too.
 pub fn time_builds(
     layout: &ParallelLayout,
     strategy: Strategy,
     repeats: usize,
+    gpus: Option<&[Arc<Gpu>]>,
 ) -> Result<(Vec<Duration>, usize), CollectionError> {
+    if let Some(g) = gpus
+        && g.len() != layout.world()
+    {
+        return Err(CollectionError::Invalid {
+            collection: "bench".into(),
+            what: format!("{} gpus for {} ranks", g.len(), layout.world()),
+        });
+    }
     let world = layout.world();
     let offset = layout.ranks().start;
     let mut times = Vec::with_capacity(world * repeats);
@@ -68,13 +81,17 @@ pub fn time_builds(
             .map(|rank| {
                 let (store, start, layout) =
                     (Arc::clone(&store), Arc::clone(&start), layout.clone());
+                let gpu = gpus.map(|g| Arc::clone(&g[rank - offset]));
                 std::thread::spawn(move || -> Result<(Duration, usize), CollectionError> {
-                    let builder = ProcessGroupCollection::for_layout(
+                    let mut builder = ProcessGroupCollection::for_layout(
                         format!("bench{repeat}"),
                         layout.clone(),
                     )
                     .with_all_gather_groups(true)
                     .with_timeout(Duration::from_secs(120));
+                    if let Some(gpu) = &gpu {
+                        builder = builder.with_gpu(Arc::clone(gpu));
+                    }
                     let (elapsed, pgc) = match strategy {
                         Strategy::StoreKeyed => {
                             start.wait();
@@ -83,26 +100,38 @@ pub fn time_builds(
                             (t.elapsed(), pgc)
                         }
                         Strategy::Split => {
-                            let world = Communicator::new(
-                                BackendKind::Host,
-                                store,
-                                layout.ranks().collect(),
-                                rank,
-                                CommOptions::named("world"),
-                            )
-                            .map_err(|source| {
-                                CollectionError::Invalid {
-                                    collection: "bench".into(),
-                                    what: format!("world communicator: {source}"),
-                                }
-                            })?;
+                            let failed = |source| CollectionError::Invalid {
+                                collection: "bench".into(),
+                                what: format!("world communicator: {source}"),
+                            };
+                            let world = match gpu {
+                                Some(gpu) => ProcessGroup::connect(
+                                    Some(gpu),
+                                    store,
+                                    layout.ranks().collect(),
+                                    rank,
+                                    CommOptions::named("world"),
+                                ),
+                                None => Communicator::new(
+                                    BackendKind::Host,
+                                    store,
+                                    layout.ranks().collect(),
+                                    rank,
+                                    CommOptions::named("world"),
+                                )
+                                .and_then(|host| ProcessGroup::new(host, None)),
+                            }
+                            .map_err(failed)?;
                             start.wait();
                             let t = Instant::now();
-                            let pgc = builder.build_by_split(&world)?;
+                            let pgc = builder.build_by_split_group(&world)?;
                             (t.elapsed(), pgc)
                         }
                     };
-                    let held = pgc.groups().filter(|id| pgc.get(id).is_ok()).count();
+                    let held = pgc
+                        .groups()
+                        .filter(|id| pgc.process_group(id).is_ok())
+                        .count();
                     Ok((elapsed, held))
                 })
             })
@@ -136,7 +165,7 @@ mod tests {
         let layout = full_layout_8();
         assert_eq!(layout.kinds(), GroupKind::ALL.to_vec());
         for strategy in Strategy::ALL {
-            let (times, communicators) = time_builds(&layout, strategy, 1).unwrap();
+            let (times, communicators) = time_builds(&layout, strategy, 1, None).unwrap();
             assert_eq!(times.len(), 8);
             // 22 kinds, hcp with one level; embd and pos_embd leave some ranks out.
             assert!(communicators >= 21, "{strategy:?}: {communicators}");

@@ -339,29 +339,55 @@ fn human(bytes: f64) -> String {
     format!("{bytes:.0}B")
 }
 
-/// `hypercomm bench --collection`: median per-rank build time of a full collection, by each bootstrap.
+/// The GPU of each of `ranks` ranks for `--collection --backend nccl`, or what is missing.
+fn collection_gpus(
+    ranks: usize,
+) -> Result<Vec<std::sync::Arc<hypercomm_comm::device::Gpu>>, CliError> {
+    use hypercomm_comm::device::{DeviceRuntime, Gpu, bench::placement};
+    let failed = |why: String| CliError::Failed(format!("--collection --backend nccl: {why}"));
+    let runtime = DeviceRuntime::probe_with_env(|n| std::env::var_os(n))
+        .map_err(|e| failed(e.to_string()))?;
+    let multi_rank = std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").is_ok_and(|v| v == "1");
+    placement(
+        ranks,
+        runtime.device_count(),
+        runtime.nccl().version(),
+        multi_rank,
+    )
+    .map_err(|why| failed(format!("{ranks} ranks: {why}")))?
+    .into_iter()
+    .map(|d| Gpu::open(std::sync::Arc::clone(&runtime), d).map_err(|e| failed(e.to_string())))
+    .collect()
+}
+
+/// `hypercomm bench --collection`: median per-rank build time of a full collection, by each bootstrap; with
+/// `--backend nccl`, every group also gets an NCCL communicator.
 fn run_collection(args: &Args) -> Result<(), CliError> {
     use process_group_collection::bench::{Strategy, full_layout_8, median, time_builds};
-    if args.backend != "host" {
-        return Err(CliError::Usage(
-            "--collection measures the host backend only".into(),
-        ));
-    }
     if args.repeats == 0 {
         return Err(CliError::Usage("--repeats must be at least 1".into()));
     }
     let layout = full_layout_8();
+    let gpus = match args.backend.as_str() {
+        "host" => None,
+        "nccl" => Some(collection_gpus(layout.world())?),
+        other => {
+            return Err(CliError::Usage(format!(
+                "backend {other:?} is not available; use host or nccl"
+            )));
+        }
+    };
     let mut results = Vec::new();
     println!(
-        "collection build, 8 ranks as threads of one process, layout tp 2 cp 2 pp 2 ep 2 etp 1, 2 optimizer instances, hcp [2]; {} repeat(s)",
-        args.repeats
+        "collection build, 8 ranks as threads of one process, layout tp 2 cp 2 pp 2 ep 2 etp 1, 2 optimizer instances, hcp [2], backend {}; {} repeat(s)",
+        args.backend, args.repeats
     );
     println!(
         "{:>8} {:>14} {:>12} {:>12} {:>12}",
         "strategy", "communicators", "median ms", "min ms", "max ms"
     );
     for strategy in Strategy::ALL {
-        let (times, communicators) = time_builds(&layout, strategy, args.repeats)
+        let (times, communicators) = time_builds(&layout, strategy, args.repeats, gpus.as_deref())
             .map_err(|e| CliError::Failed(e.to_string()))?;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let (lo, hi) = (
@@ -378,6 +404,7 @@ fn run_collection(args: &Args) -> Result<(), CliError> {
         );
         results.push(serde_json::json!({
             "strategy": strategy.name(),
+            "backend": args.backend,
             "ranks": 8,
             "communicators_per_rank": communicators,
             "repeats": args.repeats,
