@@ -15,18 +15,18 @@
 //! Ranks are threads of this process, one [`Gpu`] per device; more ranks than devices needs NCCL 2.30 or
 //! newer with `NCCL_MULTI_RANK_GPU_ENABLE=1` (see [`placement`]).
 
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaEvent;
 use cudarc::driver::sys::CUevent_flags;
 use hypercomm_store::MemoryStore;
-use nccl_sys::{Function, Version, sys};
+use nccl_sys::{Version, sys};
 
 use super::communicator::DeviceCommunicator;
 use super::gpu::{DeviceBuffer, Gpu, cuda_err};
 use super::probe::DeviceRuntime;
+use super::raw;
 use crate::bench::{BenchOp, BenchResult, iterations};
 use crate::{CommError, CommOptions, ReduceOp};
 
@@ -374,10 +374,8 @@ fn hypercomm_batch(
     Ok((buf, start.elapsed()))
 }
 
-/// `calls` in-place sum all-reduces of `buf` with `ncclAllReduce` called directly (one lock for the batch).
-/// A call that answers `ncclInProgress` is followed, inside the timed loop, by polling `ncclCommGetAsyncError`
-/// until it settles, as NCCL requires before the next call on a non-blocking communicator. Returns the CPU time
-/// and how many calls answered `ncclInProgress`.
+/// `calls` in-place sum all-reduces of `buf` with `ncclAllReduce` called directly (one lock for the batch; see
+/// [`raw::bare_all_reduces`]). Returns the CPU time and how many calls answered `ncclInProgress`.
 fn raw_batch(
     comm: &DeviceCommunicator,
     buf: &mut DeviceBuffer<f32>,
@@ -387,63 +385,14 @@ fn raw_batch(
     let count = buf.len();
     let stream = comm.stream().cu_stream() as sys::cudaStream_t;
     let owner = comm.nccl_comm();
-    let (all_reduce, async_error) = match (
-        nccl.api(Function::AllReduce),
-        nccl.api(Function::CommGetAsyncError),
-    ) {
-        (Ok(a), Ok(e)) => (a, e),
-        (Err(e), _) | (_, Err(e)) => return Err(owner.error("the raw all-reduce baseline", e)),
-    };
     let (p, _guard) = buf.write_ptr(comm.stream());
-    let addr = p as usize as *mut c_void;
     let deadline = Instant::now() + owner.timeout;
     owner.with_handle(|h| {
-        let fail = |what: &str, r: sys::ncclResult_t| CommError::Device {
-            comm: comm.name().to_owned(),
-            what: format!("{what} returned {r}"),
-        };
-        let mut in_progress = 0;
-        let start = Instant::now();
-        for _ in 0..calls {
-            // SAFETY: `h` is live and serialised by `with_handle`; `stream` is this communicator's stream on the
-            // buffer's device; `addr` holds `count` f32s, and `_guard` records the buffer's write event after
-            // these calls, so it is not released or read elsewhere before they complete.
-            let r = unsafe {
-                all_reduce.ncclAllReduce(
-                    addr,
-                    addr,
-                    count,
-                    sys::ncclFloat32,
-                    sys::ncclSum,
-                    h.0,
-                    stream,
-                )
-            };
-            match r {
-                sys::ncclSuccess => {}
-                sys::ncclInProgress => {
-                    in_progress += 1;
-                    // Bounded by the communicator's timeout.
-                    loop {
-                        let mut state = sys::ncclSuccess;
-                        // SAFETY: `h` is live and serialised; NCCL writes one result into a live local.
-                        let r = unsafe { async_error.ncclCommGetAsyncError(h.0, &mut state) };
-                        match (r, state) {
-                            (sys::ncclSuccess, sys::ncclSuccess) => break,
-                            (sys::ncclSuccess, sys::ncclInProgress)
-                                if Instant::now() < deadline =>
-                            {
-                                std::hint::spin_loop()
-                            }
-                            (sys::ncclSuccess, s) => return Err(fail("ncclCommGetAsyncError", s)),
-                            (r, _) => return Err(fail("ncclCommGetAsyncError", r)),
-                        }
-                    }
-                }
-                r => return Err(fail("ncclAllReduce", r)),
-            }
-        }
-        Ok((start.elapsed(), in_progress))
+        // SAFETY: `h` is live and serialised by `with_handle`; `stream` is this communicator's stream on the
+        // buffer's device; `p` holds `count` f32s, and `_guard` records the buffer's write event after these
+        // calls, so it is not released or read elsewhere before they complete.
+        unsafe { raw::bare_all_reduces(nccl, h, p, count, stream, calls, deadline) }
+            .map_err(|e| owner.error("the raw all-reduce baseline", e))
     })
 }
 

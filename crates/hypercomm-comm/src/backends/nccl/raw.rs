@@ -382,7 +382,7 @@ pub(crate) unsafe fn enqueue(
             op,
         } => {
             let api = nccl.api(Function::AllReduce)?;
-            // SAFETY: the caller's contract covers the comm, stream and buffers.
+            // SAFETY: the caller's contract: `send` and `recv` hold `count` elements, the comm and stream are live.
             let raw = unsafe {
                 api.ncclAllReduce(
                     ptr(send),
@@ -404,7 +404,7 @@ pub(crate) unsafe fn enqueue(
             root,
         } => {
             let api = nccl.api(Function::Broadcast)?;
-            // SAFETY: as above.
+            // SAFETY: the caller's contract: `send` and `recv` hold `count` elements, the comm and stream are live.
             let raw = unsafe {
                 api.ncclBroadcast(
                     ptr(send),
@@ -427,7 +427,7 @@ pub(crate) unsafe fn enqueue(
             root,
         } => {
             let api = nccl.api(Function::Reduce)?;
-            // SAFETY: as above.
+            // SAFETY: the caller's contract: `send` holds `count` elements (and `recv` on the root), the comm and stream are live.
             let raw = unsafe {
                 api.ncclReduce(
                     ptr(send),
@@ -449,7 +449,7 @@ pub(crate) unsafe fn enqueue(
             dtype,
         } => {
             let api = nccl.api(Function::AllGather)?;
-            // SAFETY: as above.
+            // SAFETY: the caller's contract: `send` holds `count` elements and `recv` `count` per rank; comm and stream are live.
             let raw = unsafe {
                 api.ncclAllGather(ptr(send), ptr(recv), count, nccl_dtype(dtype), c, stream)
             };
@@ -463,7 +463,7 @@ pub(crate) unsafe fn enqueue(
             op,
         } => {
             let api = nccl.api(Function::ReduceScatter)?;
-            // SAFETY: as above.
+            // SAFETY: the caller's contract: `send` holds `count` elements per rank and `recv` `count`; comm and stream are live.
             let raw = unsafe {
                 api.ncclReduceScatter(
                     ptr(send),
@@ -484,7 +484,7 @@ pub(crate) unsafe fn enqueue(
             peer,
         } => {
             let api = nccl.api(Function::Send)?;
-            // SAFETY: as above.
+            // SAFETY: the caller's contract: `buf` holds `count` elements until the send completes on `stream`; comm is live.
             let raw = unsafe {
                 api.ncclSend(ptr(buf), count, nccl_dtype(dtype), to_int(peer), c, stream)
             };
@@ -497,7 +497,7 @@ pub(crate) unsafe fn enqueue(
             peer,
         } => {
             let api = nccl.api(Function::Recv)?;
-            // SAFETY: as above.
+            // SAFETY: the caller's contract: `buf` has room for `count` elements until the receive completes; comm is live.
             let raw = unsafe {
                 api.ncclRecv(ptr(buf), count, nccl_dtype(dtype), to_int(peer), c, stream)
             };
@@ -505,6 +505,62 @@ pub(crate) unsafe fn enqueue(
         }
     };
     progress(nccl, function, raw, c)
+}
+
+/// The bench's baseline: `calls` in-place sum all-reduces of `count` f32s at `addr`, with `ncclAllReduce` called
+/// directly, nothing of hypercomm's in between. A call that answers `ncclInProgress` is followed, inside the timed
+/// loop, by polling `ncclCommGetAsyncError` until it settles (up to `deadline`), as NCCL requires before the next
+/// call on a non-blocking communicator. Returns the CPU time and how many calls answered `ncclInProgress`.
+///
+/// # Safety
+///
+/// As [`enqueue`]: `comm` is live and not used concurrently, `stream` is a live stream of its device, and `addr`
+/// holds `count` f32s until the work completes on `stream`.
+pub(crate) unsafe fn bare_all_reduces(
+    nccl: &Nccl,
+    comm: CommHandle,
+    addr: u64,
+    count: usize,
+    stream: sys::cudaStream_t,
+    calls: usize,
+    deadline: std::time::Instant,
+) -> Result<(std::time::Duration, usize), NcclError> {
+    let all_reduce = nccl.api(Function::AllReduce)?;
+    let async_error = nccl.api(Function::CommGetAsyncError)?;
+    let c = comm.0;
+    let mut in_progress = 0;
+    let start = std::time::Instant::now();
+    for _ in 0..calls {
+        // SAFETY: the caller's contract covers the communicator, the stream and the buffer.
+        let r = unsafe {
+            all_reduce.ncclAllReduce(
+                ptr(addr),
+                ptr(addr),
+                count,
+                sys::ncclFloat32,
+                sys::ncclSum,
+                c,
+                stream,
+            )
+        };
+        if progress(nccl, Function::AllReduce, r, c)? == Progress::Pending {
+            in_progress += 1;
+            // Bounded by `deadline`.
+            loop {
+                let mut state = sys::ncclSuccess;
+                // SAFETY: `c` is live and not used concurrently; NCCL writes one result into a live local.
+                let r = unsafe { async_error.ncclCommGetAsyncError(c, &mut state) };
+                progress(nccl, Function::CommGetAsyncError, r, c)?;
+                if progress(nccl, Function::CommGetAsyncError, state, c)? == Progress::Done
+                    || std::time::Instant::now() >= deadline
+                {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+    }
+    Ok((start.elapsed(), in_progress))
 }
 
 /// `ncclGroupStart`.

@@ -1,0 +1,388 @@
+//! [`DeviceCommunicator`]: collectives on device memory through NCCL, and [`DeviceWork`], their handles.
+//!
+//! Buffers move into an operation and come back from its handle, as on the host face. The handle holds a CUDA
+//! event (from the [`Gpu`]'s pool) recorded on the communicator's stream after the operation:
+//! [`DeviceWork::wait`] makes another stream wait on it without blocking the CPU; [`DeviceWork::synchronize`]
+//! blocks the CPU until it completes, polling NCCL for asynchronous errors, and aborts the communicator when the
+//! timeout passes (every other pending handle then fails too).
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use hypercomm_store::Store;
+
+use super::comm::NcclComm;
+use super::config::{NcclSettings, StreamPriority, translate};
+use super::gpu::{DeviceBuffer, Gpu, cuda_err};
+use super::raw::{self, Progress};
+use super::unique_id::exchange_unique_id;
+use crate::CommError;
+use crate::element::Element;
+use crate::options::CommOptions;
+
+/// A communicator whose collectives run on one GPU through NCCL.
+pub struct DeviceCommunicator {
+    /// Splits and shrinks made so far, numbering the children's names as the host communicator does.
+    children: std::sync::atomic::AtomicUsize,
+    gpu: Arc<Gpu>,
+    comm: Arc<NcclComm>,
+    stream: Arc<CudaStream>,
+    options: CommOptions,
+    ranks: Vec<usize>,
+    rank: usize,
+}
+
+impl std::fmt::Debug for DeviceCommunicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceCommunicator")
+            .field("name", &self.options.name)
+            .field("rank", &self.rank)
+            .field("ranks", &self.ranks)
+            .field("device", &self.gpu.ordinal())
+            .finish()
+    }
+}
+mod collectives;
+mod kernels;
+mod work;
+
+pub use work::DeviceWork;
+
+/// What an out-of-place device operation gives back: `(input, output)`.
+pub type DeviceInOut<T> = (DeviceBuffer<T>, DeviceBuffer<T>);
+
+impl DeviceCommunicator {
+    /// Joins communicator `options.name` over `ranks` as member `me`, on `gpu`. Rank 0 makes the NCCL unique id
+    /// and publishes it in `store`; the others read it. Collective; bounded by `options.timeout`.
+    pub fn new(
+        gpu: Arc<Gpu>,
+        store: Arc<dyn Store>,
+        ranks: Vec<usize>,
+        me: usize,
+        options: CommOptions,
+    ) -> Result<DeviceCommunicator, CommError> {
+        let nccl = gpu.runtime().nccl();
+        let settings = translate(&options, nccl.version())?;
+        let rank = member_position(&options.name, &ranks, me)?;
+        let id = exchange_unique_id(store.as_ref(), &options.name, rank, options.timeout, || {
+            raw::unique_id(nccl).map_err(|e| nccl_err(&options.name, "ncclGetUniqueId", e))
+        })?;
+        gpu.context()
+            .bind_to_thread()
+            .map_err(cuda_err(&options.name, "binding the context"))?;
+        let (handle, first) = raw::init_rank(nccl, ranks.len(), &id, rank, &settings)
+            .map_err(|e| nccl_err(&options.name, "creating the communicator", e))?;
+        let comm = NcclComm::adopt(
+            Arc::clone(gpu.runtime()),
+            handle,
+            first,
+            options.name.clone(),
+            options.timeout,
+            settings.non_blocking(),
+        )?;
+        Self::assemble(gpu, comm, settings, options, ranks, rank)
+    }
+
+    fn assemble(
+        gpu: Arc<Gpu>,
+        comm: NcclComm,
+        settings: NcclSettings,
+        options: CommOptions,
+        ranks: Vec<usize>,
+        rank: usize,
+    ) -> Result<DeviceCommunicator, CommError> {
+        let stream = gpu.stream(settings.stream_priority == StreamPriority::Highest)?;
+        Ok(DeviceCommunicator {
+            children: std::sync::atomic::AtomicUsize::new(0),
+            gpu,
+            comm: Arc::new(comm),
+            stream,
+            options,
+            ranks,
+            rank,
+        })
+    }
+
+    /// This communicator with its member list given as `members` (for instance the global ranks of a split
+    /// child, whose NCCL ranks are positions). `me` is this process's entry: it must be `members[self.rank()]`,
+    /// and `members` must have one entry per rank, with no repeats.
+    pub fn with_members(mut self, members: Vec<usize>, me: usize) -> Result<Self, CommError> {
+        if members.len() != self.size() || members.get(self.rank) != Some(&me) {
+            return Err(self.invalid(format!(
+                "member list {members:?} does not fit a {}-rank communicator where rank {me} is rank {}",
+                self.size(),
+                self.rank
+            )));
+        }
+        member_position(&self.options.name, &members, me)?;
+        self.ranks = members;
+        Ok(self)
+    }
+
+    fn next_child(&self) -> usize {
+        self.children
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// This rank's rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The member list.
+    pub fn ranks(&self) -> &[usize] {
+        &self.ranks
+    }
+
+    /// The communicator's name.
+    pub fn name(&self) -> &str {
+        &self.options.name
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// The stream every operation of this communicator runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The NCCL communicator itself (for the benchmark's raw-call baseline).
+    pub(crate) fn nccl_comm(&self) -> &NcclComm {
+        &self.comm
+    }
+
+    /// The options it was created with.
+    pub fn options(&self) -> &CommOptions {
+        &self.options
+    }
+
+    /// The first fatal error, if the communicator is broken.
+    pub fn broken(&self) -> Option<String> {
+        self.comm.broken()
+    }
+
+    /// Polls NCCL for an asynchronous error (a failed peer, a network error); such an error breaks the
+    /// communicator.
+    pub fn check(&self) -> Result<(), CommError> {
+        self.comm.poll("checking the communicator").map(|_| ())
+    }
+
+    /// Aborts: NCCL's work on this communicator stops, and every pending and later operation fails.
+    pub fn abort(&self) {
+        self.comm.abort();
+    }
+
+    /// Splits with `ncclCommSplit`, NCCL's semantics: equal `color`s form a child ordered by `key`, then rank;
+    /// `None` joins nothing. Collective over this communicator. The child's name is
+    /// `<parent>/split<n>/color<c>`, `n` counting this communicator's splits and shrinks from 0 (as on the host),
+    /// so two splits never share a name; use [`split_with`](Self::split_with) for other options.
+    pub fn split(
+        &self,
+        color: Option<u32>,
+        key: i64,
+    ) -> Result<Option<DeviceCommunicator>, CommError> {
+        let n = self.next_child();
+        let name = format!(
+            "{}/split{n}/color{}",
+            self.options.name,
+            color.map_or("none".to_owned(), |c| c.to_string())
+        );
+        self.split_with(
+            color,
+            key,
+            CommOptions {
+                name,
+                ..self.options.clone()
+            },
+        )
+    }
+
+    /// [`split`](Self::split) with the child's options (its `ncclConfig_t`).
+    pub fn split_with(
+        &self,
+        color: Option<u32>,
+        key: i64,
+        options: CommOptions,
+    ) -> Result<Option<DeviceCommunicator>, CommError> {
+        if let Some(c) = color
+            && i32::try_from(c).is_err()
+        {
+            return Err(self.invalid(format!("color {c} does not fit nccl's int colors")));
+        }
+        let nccl = self.gpu.runtime().nccl();
+        let settings = translate(&options, nccl.version())?;
+        let (mut slot, first) = self.comm.with_handle(|parent| {
+            raw::split(nccl, parent, color, key, &settings)
+                .map_err(|e| self.comm.error("ncclCommSplit", e))
+        })?;
+        // A non-blocking split is in progress on the parent, and NCCL writes the child into the slot only when it
+        // completes: wait for the parent to settle before reading it. (On an error the slot is leaked, not
+        // freed: NCCL may still write to it.)
+        if first == Progress::Pending {
+            self.comm.wait_ready("splitting")?;
+        }
+        slot.settle();
+        let handle = match (color, slot.child()) {
+            (None, _) => return Ok(None),
+            (Some(_), Some(h)) => h,
+            (Some(c), None) => {
+                return Err(self.comm.error_text(
+                    "ncclCommSplit",
+                    format!("the split with color {c} completed without a child communicator"),
+                ));
+            }
+        };
+        let child = NcclComm::adopt(
+            Arc::clone(self.gpu.runtime()),
+            handle,
+            Progress::Pending,
+            options.name.clone(),
+            options.timeout,
+            settings.non_blocking(),
+        )?;
+        let count = child.count()?;
+        let rank = child.user_rank()?;
+        Self::assemble(
+            Arc::clone(&self.gpu),
+            child,
+            settings,
+            options,
+            (0..count).collect(),
+            rank,
+        )
+        .map(Some)
+    }
+
+    /// A communicator without the ranks in `exclude` (positions in this communicator), with `ncclCommShrink`
+    /// (NCCL 2.27 or newer; older is [`CommError::Unavailable`]). With `abort_first`, in-flight work is aborted
+    /// first, for shrinking after a failure. Collective over the remaining ranks.
+    pub fn shrink(
+        &self,
+        exclude: &[usize],
+        abort_first: bool,
+    ) -> Result<DeviceCommunicator, CommError> {
+        let nccl = self.gpu.runtime().nccl();
+        nccl.require(nccl_sys::Function::CommShrink)
+            .map_err(|e| CommError::Unavailable {
+                what: "ncclCommShrink".into(),
+                why: e.to_string(),
+            })?;
+        if let Some(&bad) = exclude.iter().find(|&&r| r >= self.size()) {
+            return Err(self.invalid(format!(
+                "rank {bad} to exclude is not a rank of a {}-rank communicator",
+                self.size()
+            )));
+        }
+        let options = CommOptions {
+            name: format!("{}/shrink{}", self.options.name, self.next_child()),
+            ..self.options.clone()
+        };
+        let settings = translate(&options, nccl.version())?;
+        let (mut slot, first) = self.comm.with_handle(|parent| {
+            raw::shrink(nccl, parent, exclude, &settings, abort_first)
+                .map_err(|e| self.comm.error("ncclCommShrink", e))
+        })?;
+        // As for split: the child is written when the shrink completes on the parent.
+        if first == Progress::Pending {
+            self.comm.wait_ready("shrinking")?;
+        }
+        slot.settle();
+        let handle = slot.child().ok_or_else(|| {
+            self.comm.error_text(
+                "ncclCommShrink",
+                "the shrink completed without a child communicator".into(),
+            )
+        })?;
+        let child = NcclComm::adopt(
+            Arc::clone(self.gpu.runtime()),
+            handle,
+            Progress::Pending,
+            options.name.clone(),
+            options.timeout,
+            settings.non_blocking(),
+        )?;
+        let ranks: Vec<usize> = (0..self.size())
+            .filter(|r| !exclude.contains(r))
+            .map(|r| self.ranks[r])
+            .collect();
+        let rank = child.user_rank()?;
+        Self::assemble(Arc::clone(&self.gpu), child, settings, options, ranks, rank)
+    }
+
+    fn invalid(&self, what: String) -> CommError {
+        crate::checks::invalid(&self.options.name, what)
+    }
+
+    fn check_device<T: Element>(&self, what: &str, b: &DeviceBuffer<T>) -> Result<(), CommError> {
+        if b.device() != self.gpu.ordinal() {
+            return Err(self.invalid(format!(
+                "{what} is on device {} but the communicator is on device {}",
+                b.device(),
+                self.gpu.ordinal()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_root(&self, root: usize) -> Result<(), CommError> {
+        crate::checks::root(&self.options.name, self.size(), root)
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<(), CommError> {
+        crate::checks::peer(&self.options.name, self.size(), self.rank, peer)
+    }
+
+    fn check_len(&self, what: &str, got: usize, expected: usize) -> Result<(), CommError> {
+        crate::checks::len(&self.options.name, what, got, expected)
+    }
+}
+
+fn nccl_err(comm: &str, what: &str, e: nccl_sys::NcclError) -> CommError {
+    CommError::Device {
+        comm: comm.to_owned(),
+        what: format!("{what}: {e}"),
+    }
+}
+
+/// This rank's position in `ranks`, refusing duplicates.
+pub(crate) fn member_position(name: &str, ranks: &[usize], me: usize) -> Result<usize, CommError> {
+    let invalid = |what: String| CommError::InvalidArgument {
+        comm: name.to_owned(),
+        what,
+    };
+    let rank = ranks
+        .iter()
+        .position(|&r| r == me)
+        .ok_or_else(|| invalid(format!("rank {me} is not in the member list {ranks:?}")))?;
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(invalid(format!(
+            "rank {} appears twice in the member list {ranks:?}",
+            w[0]
+        )));
+    }
+    Ok(rank)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_position_refuses_strangers_and_duplicates() {
+        assert_eq!(member_position("c", &[4, 7, 9], 7).unwrap(), 1);
+        let e = member_position("c", &[4, 7], 5).unwrap_err().to_string();
+        assert!(e.contains("rank 5 is not in the member list [4, 7]"), "{e}");
+        let e = member_position("c", &[4, 7, 4], 7).unwrap_err().to_string();
+        assert!(e.contains("rank 4 appears twice"), "{e}");
+    }
+}

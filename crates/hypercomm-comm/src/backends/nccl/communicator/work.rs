@@ -1,0 +1,85 @@
+//! [`DeviceWork`]: the handle of a device operation, holding its buffers until the operation is ordered
+//! ([`DeviceWork::wait`] on a stream) or done ([`DeviceWork::synchronize`]).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaStream};
+
+use super::super::comm::NcclComm;
+use super::super::gpu::{DeviceBuffer, Gpu, cuda_err};
+use crate::CommError;
+
+/// The pending result of a device operation: the buffers it took, once the operation is ordered or done.
+#[must_use = "an operation's buffers come back only through wait() or synchronize()"]
+pub struct DeviceWork<R> {
+    pub(super) value: Option<R>,
+    pub(super) event: Option<CudaEvent>,
+    /// The stream the operation was enqueued on.
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) comm: Arc<NcclComm>,
+    pub(super) gpu: Arc<Gpu>,
+    /// Staging buffers that must outlive the operation.
+    pub(super) _keep: Vec<DeviceBuffer<u8>>,
+}
+
+impl<R> DeviceWork<R> {
+    /// Makes `stream` wait for the operation (no CPU block) and gives the buffers back. Work enqueued on
+    /// `stream` afterwards sees the result. On the communicator's own stream this costs nothing: the stream
+    /// already runs in order.
+    pub fn wait(mut self, stream: &CudaStream) -> Result<R, CommError> {
+        self.fail_if_broken()?;
+        if stream.cu_stream() == self.stream.cu_stream() {
+            return self.take();
+        }
+        if let Some(event) = &self.event {
+            stream.wait(event).map_err(cuda_err(
+                &self.comm.name,
+                "making a stream wait on an event",
+            ))?;
+        }
+        self.take()
+    }
+
+    /// Blocks the CPU until the operation completes (or the communicator's timeout passes, which aborts it) and
+    /// gives the buffers back.
+    pub fn synchronize(mut self) -> Result<R, CommError> {
+        match &self.event {
+            Some(e) => self.comm.wait_event(e, "waiting for an operation")?,
+            None => {
+                self.fail_if_broken()?;
+                self.comm.poll("checking a completed operation")?;
+            }
+        }
+        self.take()
+    }
+
+    /// Whether the operation has finished on the device. Never blocks.
+    pub fn is_completed(&self) -> bool {
+        self.event.as_ref().is_none_or(|e| e.is_complete())
+    }
+
+    fn fail_if_broken(&self) -> Result<(), CommError> {
+        match self.comm.broken() {
+            Some(cause) => Err(CommError::Broken {
+                comm: self.comm.name.clone(),
+                cause,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn take(&mut self) -> Result<R, CommError> {
+        self.value.take().ok_or_else(|| CommError::Broken {
+            comm: self.comm.name.clone(),
+            cause: "the operation's buffers were already taken".into(),
+        })
+    }
+}
+
+impl<R> Drop for DeviceWork<R> {
+    fn drop(&mut self) {
+        if let Some(e) = self.event.take() {
+            self.gpu.return_event(e);
+        }
+    }
+}
