@@ -1,4 +1,5 @@
-//! [`ProcessGroupCollection`]: one rank's communicators for every group it belongs to, and its builder.
+//! [`ProcessGroupCollection`]: one rank's communicators for every group it belongs to (built by
+//! [`CollectionBuilder`](crate::CollectionBuilder)).
 //!
 //! Each group is a [`ProcessGroup`]: a host communicator and, when the collection is given a GPU, an NCCL
 //! communicator over the same ranks, so a collective runs where its buffer lives.
@@ -8,381 +9,24 @@ use std::time::Duration;
 
 use hypercomm_comm::device::{DeviceCommunicator, Gpu, ProcessGroup};
 use hypercomm_comm::{BackendKind, CommOptions, Communicator};
+use hypercomm_grid::Membership;
 use hypercomm_grid::layout::{GroupKind, ParallelLayout};
-use hypercomm_grid::{DimSet, Grid, Membership};
 use hypercomm_store::{Key, PrefixStore, Store};
 
-use crate::plan::{CustomGroups, Slot, Topology};
-use crate::{CollectionError, GroupId, GroupOptions};
+use crate::builder::{Creation, WORLD};
+use crate::plan::Topology;
+use crate::{CollectionBuilder, CollectionError, GroupId, GroupOptions};
 
-/// When communicators are created.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Creation {
-    /// All at build time, each finished by a barrier, so a missing rank shows at start-up rather than at first use.
-    #[default]
-    Eager,
-    /// Each on first use, by the members only. Needs the store-keyed bootstrap: a split involves the whole parent.
-    Lazy,
-}
-
-/// Builds a [`ProcessGroupCollection`]; start from [`ProcessGroupCollection::for_layout`] or
-/// [`ProcessGroupCollection::custom`].
-#[derive(Debug, Clone)]
-pub struct CollectionBuilder {
-    name: String,
-    topology: Topology,
-    options: GroupOptions,
-    creation: Creation,
-    backend: BackendKind,
-    timeout: Duration,
-    force_tcp: bool,
-    gpu: Option<Arc<Gpu>>,
-    world_group: bool,
-}
-
-/// The kind name of the group [`CollectionBuilder::with_world_group`] adds.
-const WORLD: &str = "world";
-
-impl CollectionBuilder {
-    /// Gives every group an NCCL communicator on `gpu` as well as its host one (each group's [`ProcessGroup`]
-    /// routes by where a buffer lives). Each kind's NCCL options from [`with_options`](Self::with_options) go to
-    /// its `ncclConfig_t` and stream; all-gather twins and tagged communicators get NCCL communicators (and
-    /// streams) of their own. Checked before anything is created: a knob the loaded NCCL cannot honour is an error
-    /// naming the group and the knob.
-    #[must_use]
-    pub fn with_gpu(mut self, gpu: Arc<Gpu>) -> Self {
-        self.gpu = Some(gpu);
-        self
-    }
-
-    /// Also create `dp_cp_ag` (and `expt_dp_ag` when ep > 1): separate communicators over the ranks of `dp_cp` and
-    /// `expt_dp`, so an all-gather can overlap a reduce-scatter.
-    #[must_use]
-    pub fn with_all_gather_groups(mut self, on: bool) -> Self {
-        self.topology.all_gather_groups = on;
-        self
-    }
-
-    /// Also create `world`: one group of every rank of the layout (its offset included), for what spans the whole
-    /// model instance (a start-up barrier, a loss all-reduce, checkpoint coordination). Reach it with
-    /// [`ProcessGroupCollection::world`]. Needs a layout.
-    #[must_use]
-    pub fn with_world_group(mut self, on: bool) -> Self {
-        self.world_group = on;
-        self
-    }
-
-    /// Adds one more communicator over the groups of `kind`, told apart by `tag` (any number of tags per kind).
-    #[must_use]
-    pub fn with_tagged(mut self, kind: impl Into<String>, tag: impl Into<String>) -> Self {
-        self.topology.tagged.push((kind.into(), tag.into()));
-        self
-    }
-
-    /// Adds a custom kind: the groups of `grid` over `dims`.
-    pub fn with_grid_groups<S: AsRef<str>>(
-        mut self,
-        kind: impl Into<String>,
-        grid: Grid,
-        dims: impl IntoIterator<Item = S>,
-    ) -> Result<Self, CollectionError> {
-        let kind = kind.into();
-        let dims: DimSet = grid.select(dims).map_err(|e| CollectionError::Invalid {
-            collection: self.name.clone(),
-            what: format!("custom group kind {kind}: {e}"),
-        })?;
-        self.topology
-            .custom
-            .push((kind, CustomGroups::Grid { grid, dims }));
-        Ok(self)
-    }
-
-    /// Adds a custom kind given as explicit, disjoint rank lists (a weight-sync group, say).
-    #[must_use]
-    pub fn with_explicit_groups(
-        mut self,
-        kind: impl Into<String>,
-        groups: Vec<Vec<usize>>,
-    ) -> Self {
-        self.topology
-            .custom
-            .push((kind.into(), CustomGroups::Explicit(groups)));
-        self
-    }
-
-    /// Per-kind communicator options.
-    #[must_use]
-    pub fn with_options(mut self, options: GroupOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Eager (default) or lazy creation.
-    #[must_use]
-    pub fn with_creation(mut self, creation: Creation) -> Self {
-        self.creation = creation;
-        self
-    }
-
-    /// The backend of every communicator (default: host).
-    #[must_use]
-    pub fn with_backend(mut self, backend: BackendKind) -> Self {
-        self.backend = backend;
-        self
-    }
-
-    /// The default timeout of every communicator (default 300 s); per-kind options override it.
-    #[must_use]
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Host backend: use TCP even between ranks on one machine.
-    #[must_use]
-    pub fn with_force_tcp(mut self, on: bool) -> Self {
-        self.force_tcp = on;
-        self
-    }
-
-    fn prepare(&mut self, rank: usize) -> Result<Vec<Entry>, CollectionError> {
-        if self.world_group && !self.topology.custom.iter().any(|(k, _)| k == WORLD) {
-            let Some(layout) = &self.topology.layout else {
-                return Err(CollectionError::Invalid {
-                    collection: self.name.clone(),
-                    what: "with_world_group needs a layout: the world is the layout's ranks".into(),
-                });
-            };
-            let everyone = vec![layout.ranks().collect()];
-            self.topology
-                .custom
-                .push((WORLD.to_owned(), CustomGroups::Explicit(everyone)));
-        }
-        self.topology.validate(&self.name)?;
-        let kinds = self.topology.kind_names();
-        self.options.check_kinds(kinds.iter().map(String::as_str))?;
-        self.topology
-            .plan(rank, &self.name)?
-            .into_iter()
-            .map(|slot| self.entry(slot))
-            .collect()
-    }
-
-    fn entry(&self, slot: Slot) -> Result<Entry, CollectionError> {
-        let group = slot.membership.as_ref().map_or(0, |m| m.group);
-        let mut options = CommOptions {
-            timeout: self.timeout,
-            force_tcp: self.force_tcp,
-            ..CommOptions::named(format!("{}/{}/{group}", self.name, slot.id))
-        };
-        if let Some(set) = self.options.get(&slot.id.kind) {
-            options = set.apply(options)?;
-        }
-        let comm_err = |source| CollectionError::Comm {
-            collection: self.name.clone(),
-            group: slot.id.clone(),
-            source: Box::new(source),
-        };
-        // With a GPU, the NCCL knobs go to the device half; without one, a knob would be lost: refused.
-        let host = match &self.gpu {
-            Some(_) => options.without_nccl_knobs(),
-            None => options.clone(),
-        };
-        host.validate_for(self.backend).map_err(comm_err)?;
-        let device = match &self.gpu {
-            Some(gpu) => {
-                let device = options.for_device();
-                gpu.check_options(&device).map_err(comm_err)?;
-                Some(device)
-            }
-            None => None,
-        };
-        Ok(Entry {
-            id: slot.id,
-            membership: slot.membership,
-            host,
-            device,
-            group: OnceLock::new(),
-            init: Mutex::new(()),
-        })
-    }
-
-    /// Builds the collection on `rank` with the store-keyed bootstrap: for each group it belongs to, the rank meets
-    /// the other members under the key `collection/<name>/<kind>/<level>/<group>/<tag>`; ranks outside a group do
-    /// no work for it.
-    pub fn build(
-        mut self,
-        rank: usize,
-        store: Arc<dyn Store>,
-    ) -> Result<ProcessGroupCollection, CollectionError> {
-        let entries = self.prepare(rank)?;
-        let collection = ProcessGroupCollection {
-            name: self.name,
-            rank,
-            entries,
-            store: Some(store),
-            backend: self.backend,
-            topology: self.topology,
-            gpu: self.gpu,
-        };
-        if self.creation == Creation::Eager {
-            for entry in &collection.entries {
-                if entry.membership.is_ok() {
-                    collection.create(entry)?;
-                }
-            }
-            collection.barrier_all()?;
-        }
-        Ok(collection)
-    }
-
-    /// Builds the collection by splitting `parent`, one split per group slot (color: the group's index; ranks
-    /// outside every group of a slot pass no color). Every member of `parent` must call this. The rank is
-    /// `parent`'s member id for this process. Host communicators only: with a GPU, split a process group with
-    /// [`build_by_split_group`](Self::build_by_split_group).
-    pub fn build_by_split(
-        self,
-        parent: &Communicator,
-    ) -> Result<ProcessGroupCollection, CollectionError> {
-        if self.gpu.is_some() {
-            return Err(CollectionError::Invalid {
-                collection: self.name,
-                what: "a collection with a gpu splits a parent with a device half: use build_by_split_group"
-                    .into(),
-            });
-        }
-        self.split_from(parent, None)
-    }
-
-    /// Builds the collection by splitting both halves of `parent`: the host communicator as
-    /// [`build_by_split`](Self::build_by_split) does, and, when the builder has a GPU, the NCCL communicator with
-    /// `ncclCommSplit` (color: the group's index, no color for non-members; a kind's `split_share` option is
-    /// honoured). Every member of `parent` must call this.
-    pub fn build_by_split_group(
-        self,
-        parent: &ProcessGroup,
-    ) -> Result<ProcessGroupCollection, CollectionError> {
-        let device = match (&self.gpu, parent.device()) {
-            (Some(_), Some(d)) => Some(d),
-            (Some(_), None) => {
-                return Err(CollectionError::Invalid {
-                    collection: self.name,
-                    what: format!(
-                        "the collection has a gpu but the parent process group {} has no device communicator",
-                        parent.host().name()
-                    ),
-                });
-            }
-            (None, _) => None,
-        };
-        self.split_from(parent.host(), device)
-    }
-
-    fn split_from(
-        mut self,
-        parent: &Communicator,
-        parent_device: Option<&DeviceCommunicator>,
-    ) -> Result<ProcessGroupCollection, CollectionError> {
-        if self.creation == Creation::Lazy {
-            return Err(CollectionError::Invalid {
-                collection: self.name,
-                what: "lazy creation needs the store-keyed bootstrap: a split is collective over the whole parent"
-                    .into(),
-            });
-        }
-        let rank = parent.ranks()[parent.rank()];
-        let entries = self.prepare(rank)?;
-        let parent_ranks: std::collections::HashSet<usize> =
-            parent.ranks().iter().copied().collect();
-        for entry in &entries {
-            if let Ok(m) = &entry.membership {
-                if let Some(missing) = m.members.iter().find(|r| !parent_ranks.contains(r)) {
-                    return Err(CollectionError::Invalid {
-                        collection: self.name.clone(),
-                        what: format!(
-                            "group {} needs rank {missing}, which the parent communicator {} (ranks {:?}) lacks",
-                            entry.id,
-                            parent.name(),
-                            parent.ranks()
-                        ),
-                    });
-                }
-            }
-        }
-        for entry in &entries {
-            let comm_err = |source| CollectionError::Comm {
-                collection: self.name.clone(),
-                group: entry.id.clone(),
-                source: Box::new(source),
-            };
-            let color = match &entry.membership {
-                Ok(m) => Some(
-                    u32::try_from(m.group).map_err(|_| CollectionError::Invalid {
-                        collection: self.name.clone(),
-                        what: format!(
-                            "group {} index {} does not fit a split color",
-                            entry.id, m.group
-                        ),
-                    })?,
-                ),
-                Err(_) => None,
-            };
-            let key = entry.membership.as_ref().map_or(0, |m| m.index as i64);
-            let child = parent
-                .split_with(color, key, entry.host.clone())
-                .map_err(comm_err)?;
-            let device_child = match (parent_device, &entry.device) {
-                (Some(d), Some(options)) => d
-                    .split_with(color, key, options.clone())
-                    .map_err(comm_err)?,
-                _ => None,
-            };
-            if let (Some(child), Ok(m)) = (child, &entry.membership) {
-                if child.ranks() != m.members.as_slice() {
-                    return Err(CollectionError::Invalid {
-                        collection: self.name.clone(),
-                        what: format!(
-                            "splitting for {} gave members {:?}, expected {:?}: is the parent over the layout's ranks?",
-                            entry.id,
-                            child.ranks(),
-                            m.members
-                        ),
-                    });
-                }
-                let device = match device_child {
-                    Some(d) => Some(d.with_members(m.members.clone(), rank).map_err(comm_err)?),
-                    None => None,
-                };
-                // Fresh OnceLock: set cannot fail.
-                let _ = entry
-                    .group
-                    .set(ProcessGroup::new(child, device).map_err(comm_err)?);
-            }
-        }
-        let collection = ProcessGroupCollection {
-            name: self.name,
-            rank,
-            entries,
-            store: None,
-            backend: self.backend,
-            topology: self.topology,
-            gpu: self.gpu,
-        };
-        collection.barrier_all()?;
-        Ok(collection)
-    }
-}
-
-struct Entry {
-    id: GroupId,
-    membership: Result<Membership, &'static str>,
+pub(crate) struct Entry {
+    pub(crate) id: GroupId,
+    pub(crate) membership: Result<Membership, &'static str>,
     /// The host communicator's options (without NCCL knobs when there is a GPU).
-    host: CommOptions,
+    pub(crate) host: CommOptions,
     /// The NCCL communicator's options, when the collection has a GPU.
-    device: Option<CommOptions>,
-    group: OnceLock<ProcessGroup>,
+    pub(crate) device: Option<CommOptions>,
+    pub(crate) group: OnceLock<ProcessGroup>,
     /// Serialises lazy creation of `group`.
-    init: Mutex<()>,
+    pub(crate) init: Mutex<()>,
 }
 
 /// One rank's communicators for every group of a layout (or of custom groups) it belongs to, named with
@@ -405,13 +49,13 @@ struct Entry {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct ProcessGroupCollection {
-    name: String,
-    rank: usize,
-    entries: Vec<Entry>,
-    store: Option<Arc<dyn Store>>,
-    backend: BackendKind,
-    topology: Topology,
-    gpu: Option<Arc<Gpu>>,
+    pub(crate) name: String,
+    pub(crate) rank: usize,
+    pub(crate) entries: Vec<Entry>,
+    pub(crate) store: Option<Arc<dyn Store>>,
+    pub(crate) backend: BackendKind,
+    pub(crate) topology: Topology,
+    pub(crate) gpu: Option<Arc<Gpu>>,
 }
 
 impl std::fmt::Debug for ProcessGroupCollection {
@@ -636,7 +280,10 @@ impl ProcessGroupCollection {
     /// Creates `entry`'s process group through the store (the host communicator, then the NCCL one when there is
     /// a GPU), unless another thread already has. Every member creates the same groups in the same order, so
     /// waiting for a group's members cannot deadlock.
-    fn create<'a>(&'a self, entry: &'a Entry) -> Result<&'a ProcessGroup, CollectionError> {
+    pub(crate) fn create<'a>(
+        &'a self,
+        entry: &'a Entry,
+    ) -> Result<&'a ProcessGroup, CollectionError> {
         let _guard = entry.init.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(pg) = entry.group.get() {
             return Ok(pg);
@@ -689,7 +336,7 @@ impl ProcessGroupCollection {
         Ok(entry.group.get_or_init(|| pg))
     }
 
-    fn barrier_all(&self) -> Result<(), CollectionError> {
+    pub(crate) fn barrier_all(&self) -> Result<(), CollectionError> {
         for entry in &self.entries {
             if let Some(pg) = entry.group.get() {
                 pg.host()

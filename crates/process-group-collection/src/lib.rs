@@ -20,6 +20,7 @@
 //! simulates the store traffic for worlds of any size). Dropping a collection releases every communicator.
 
 pub mod bench;
+mod builder;
 mod collection;
 pub mod cost;
 mod error;
@@ -27,7 +28,8 @@ mod options;
 mod plan;
 mod rebuild;
 
-pub use collection::{CollectionBuilder, Creation, ProcessGroupCollection};
+pub use builder::{CollectionBuilder, Creation};
+pub use collection::ProcessGroupCollection;
 pub use error::CollectionError;
 pub use options::{GroupOptionSet, GroupOptions};
 pub use plan::{CustomGroups, GroupId};

@@ -37,7 +37,8 @@ pub(crate) struct CommHandle(pub ncclComm_t);
 // SAFETY: the pointer is an opaque handle owned by NCCL; NCCL permits using it from any thread, and every use
 // goes through `NcclComm`, which serialises calls with a mutex.
 unsafe impl Send for CommHandle {}
-// SAFETY: as above; shared references only pass the handle value to NCCL under that mutex.
+// SAFETY: the pointer is an opaque NCCL handle; shared references only pass its value to NCCL, always under the
+// owning NcclComm's mutex, so no two calls on it overlap.
 unsafe impl Sync for CommHandle {}
 
 fn progress(
