@@ -1,0 +1,191 @@
+//! Issuing collectives and point-to-point calls: checked and numbered when called, held by an open group, and
+//! queued on their stream to run when it reaches them ([`super::ops`]).
+
+use std::cell::RefCell;
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
+
+use super::comm::from_handle;
+use super::ops::{self, Call, Issued, issue};
+use super::{IN_PROGRESS, INVALID_ARGUMENT, INVALID_USAGE, SUCCESS, SYSTEM_ERROR};
+use crate::{knobs, stream};
+
+/// The calls of an open `ncclGroupStart`/`ncclGroupEnd` on this thread. NCCL's group state is per thread too.
+#[derive(Default)]
+struct Group {
+    depth: u32,
+    calls: Vec<(usize, Issued)>,
+}
+
+thread_local! {
+    static GROUP: RefCell<Group> = RefCell::new(Group::default());
+}
+
+/// Queues `batch` on `stream`.
+fn submit(stream_handle: usize, batch: Vec<Issued>) -> Result<(), String> {
+    let n = batch.len() as u64;
+    if let Some(first) = batch.first() {
+        first.comm.in_flight.fetch_add(n, Ordering::AcqRel);
+    }
+    // SAFETY: run's contract is the C API's: buffers stay valid until the stream has run the work.
+    let work: stream::Work = Box::new(move || unsafe { ops::run(batch) });
+    // SAFETY: the stream handle came from the caller of an NCCL function, valid by its contract.
+    unsafe { stream::submit(stream_handle as *mut c_void, work) }
+}
+
+/// Issues one call: checked now, queued on the stream (or held by the open group).
+///
+/// # Safety
+///
+/// `c` is live; `s` is null or a live stream.
+unsafe fn enqueue(c: ncclComm_t, call: Call, s: cudaStream_t) -> ncclResult_t {
+    // SAFETY: the caller's contract.
+    let Some(comm) = (unsafe { from_handle(c) }).cloned() else {
+        return INVALID_ARGUMENT;
+    };
+    if let Err(e) = comm.ensure_ready("a collective") {
+        return e;
+    }
+    let issued = match issue(&comm, call) {
+        Ok(i) => i,
+        Err((code, why)) => {
+            eprintln!("fake-nccl: {}: {why}", comm.label());
+            return code;
+        }
+    };
+    let in_group = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 {
+            g.calls.push((s as usize, issued));
+            None
+        } else {
+            Some(issued)
+        }
+    });
+    let Some(issued) = in_group else {
+        return SUCCESS;
+    };
+    if let Err(e) = submit(s as usize, vec![issued]) {
+        eprintln!("fake-nccl: {}: {e}", comm.label());
+        return SYSTEM_ERROR;
+    }
+    comm.linger(knobs::op_polls());
+    if comm.non_blocking && knobs::op_polls() > 0 {
+        IN_PROGRESS
+    } else {
+        SUCCESS
+    }
+}
+
+macro_rules! collective {
+    ($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) => $call:expr) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        ///
+        /// `comm` is live; `stream` is null or a live stream; the buffers hold what the call reads and writes
+        /// until the stream has run it.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty,)* comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+            // SAFETY: the caller's contract.
+            unsafe { enqueue(comm, $call, stream) }
+        }
+    };
+}
+
+fn rank_of(r: c_int) -> usize {
+    usize::try_from(r).unwrap_or(usize::MAX)
+}
+
+collective!(
+    /// `ncclAllReduce`.
+    ncclAllReduce(send: *const c_void, recv: *mut c_void, count: usize, dtype: ncclDataType_t, op: ncclRedOp_t)
+        => Call::AllReduce { send: send as u64, recv: recv as u64, count, dtype: dtype as i32, op: op as i32 }
+);
+collective!(
+    /// `ncclBroadcast`.
+    ncclBroadcast(send: *const c_void, recv: *mut c_void, count: usize, dtype: ncclDataType_t, root: c_int)
+        => Call::Broadcast { send: send as u64, recv: recv as u64, count, dtype: dtype as i32, root: rank_of(root) }
+);
+collective!(
+    /// `ncclReduce`: only the root's receive buffer is written.
+    ncclReduce(send: *const c_void, recv: *mut c_void, count: usize, dtype: ncclDataType_t, op: ncclRedOp_t,
+        root: c_int)
+        => Call::Reduce { send: send as u64, recv: recv as u64, count, dtype: dtype as i32, op: op as i32, root: rank_of(root) }
+);
+collective!(
+    /// `ncclAllGather`: `count` is the send count.
+    ncclAllGather(send: *const c_void, recv: *mut c_void, count: usize, dtype: ncclDataType_t)
+        => Call::AllGather { send: send as u64, recv: recv as u64, count, dtype: dtype as i32 }
+);
+collective!(
+    /// `ncclReduceScatter`: `count` is the receive count.
+    ncclReduceScatter(send: *const c_void, recv: *mut c_void, count: usize, dtype: ncclDataType_t,
+        op: ncclRedOp_t)
+        => Call::ReduceScatter { send: send as u64, recv: recv as u64, count, dtype: dtype as i32, op: op as i32 }
+);
+collective!(
+    /// `ncclSend`: completes when the peer's matching receive has taken the data.
+    ncclSend(send: *const c_void, count: usize, dtype: ncclDataType_t, peer: c_int)
+        => Call::Send { buf: send as u64, count, dtype: dtype as i32, peer: rank_of(peer) }
+);
+collective!(
+    /// `ncclRecv`.
+    ncclRecv(recv: *mut c_void, count: usize, dtype: ncclDataType_t, peer: c_int)
+        => Call::Recv { buf: recv as u64, count, dtype: dtype as i32, peer: rank_of(peer) }
+);
+
+/// `ncclGroupStart`: calls on this thread are held until the matching `ncclGroupEnd`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclGroupStart() -> ncclResult_t {
+    GROUP.with(|g| g.borrow_mut().depth += 1);
+    SUCCESS
+}
+
+/// `ncclGroupEnd`: the outermost one queues the held calls, one batch per communicator and stream, so a
+/// group's sends and receives run together.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
+    let calls = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return None;
+        }
+        g.depth -= 1;
+        Some(if g.depth == 0 {
+            std::mem::take(&mut g.calls)
+        } else {
+            Vec::new()
+        })
+    });
+    let Some(calls) = calls else {
+        eprintln!("fake-nccl: ncclGroupEnd without ncclGroupStart");
+        return INVALID_USAGE;
+    };
+    let mut batches: Vec<(usize, Vec<Issued>)> = Vec::new();
+    for (s, issued) in calls {
+        match batches
+            .iter_mut()
+            .find(|(bs, b)| *bs == s && Arc::ptr_eq(&b[0].comm, &issued.comm))
+        {
+            Some((_, b)) => b.push(issued),
+            None => batches.push((s, vec![issued])),
+        }
+    }
+    let mut answer = SUCCESS;
+    for (s, batch) in batches {
+        let comm = Arc::clone(&batch[0].comm);
+        if let Err(e) = submit(s, batch) {
+            eprintln!("fake-nccl: {}: {e}", comm.label());
+            return SYSTEM_ERROR;
+        }
+        comm.linger(knobs::op_polls());
+        if comm.non_blocking && knobs::op_polls() > 0 {
+            answer = IN_PROGRESS;
+        }
+    }
+    answer
+}
