@@ -664,8 +664,10 @@ impl Communicator {
     }
 
     /// Gives up on the communicator: marks it broken, tells the peers (their pending and later operations fail
-    /// at once), lets queued operations fail fast and stops the progress thread.
-    pub fn abort(self) {
+    /// at once), lets queued operations fail fast and stops the progress thread (joined when the communicator is
+    /// dropped). Every later operation fails with [`CommError::Broken`]. Takes `&self`, as the device
+    /// communicator's does, so a communicator shared (say, by a collection) can be aborted.
+    pub fn abort(&self) {
         let first = lock(&self.broken).is_none();
         lock(&self.broken).get_or_insert_with(|| "aborted by this rank".to_owned());
         if first {

@@ -165,6 +165,17 @@ impl ProcessGroupCollection {
         self.process_group(&id)
     }
 
+    /// Aborts every communicator of the collection that has been created (host halves tell their peers, NCCL
+    /// halves are `ncclCommAbort`ed): pending and later operations on any of them fail. For giving up on a job
+    /// after a failure, so that no communicator of this rank keeps its peers waiting.
+    pub fn abort(&self) {
+        for entry in &self.entries {
+            if let Some(pg) = entry.group.get() {
+                pg.abort();
+            }
+        }
+    }
+
     /// The NCCL communicator of `group`; an error when the collection was built without a GPU.
     pub fn device(&self, group: &GroupId) -> Result<&DeviceCommunicator, CollectionError> {
         let pg = self.process_group(group)?;

@@ -438,3 +438,62 @@ fn the_world_group_spans_the_layout_with_its_offset() {
     let e = pgc.world().unwrap_err().to_string();
     assert!(e.contains("with_world_group(true)"), "{e}");
 }
+
+#[test]
+fn aborting_a_collection_fails_every_group_here_and_tells_the_peers() {
+    let outcomes = run_ranks(0..4, |rank, store| {
+        let layout = LayoutConfig::new(4)
+            .tp(2)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let pgc = ProcessGroupCollection::for_layout("ab", layout)
+            .with_timeout(TIMEOUT)
+            .build(rank, store)
+            .map_err(|e| e.to_string())?;
+        if rank == 0 {
+            pgc.abort();
+            // Every group of this rank is broken now.
+            for kind in ["tp", "dp", "mp"] {
+                let e = pgc
+                    .get(&GroupId::kind(kind))
+                    .map_err(|e| e.to_string())?
+                    .all_reduce(vec![1u8], ReduceOp::Sum)
+                    .and_then(hypercomm_comm::Work::wait)
+                    .expect_err("aborted");
+                assert!(
+                    matches!(e, hypercomm_comm::CommError::Broken { .. }),
+                    "{kind}: {e}"
+                );
+            }
+            return Ok(String::new());
+        }
+        if rank == 3 {
+            // Its tp group [2, 3] and dp group [1, 3] do not hold rank 0.
+            return Ok(String::new());
+        }
+        // A peer of rank 0 learns at once rather than after the 60 s timeout.
+        let started = std::time::Instant::now();
+        let peer_group = if rank == 1 { "tp" } else { "dp" };
+        let result = pgc
+            .get(&GroupId::kind(peer_group))
+            .map_err(|e| e.to_string())?
+            .all_reduce(vec![1u8], ReduceOp::Sum)
+            .and_then(hypercomm_comm::Work::wait);
+        match (rank, result) {
+            (1 | 2, Err(e)) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "{e} after {:?}",
+                    started.elapsed()
+                );
+                Ok(e.to_string())
+            }
+            (1 | 2, Ok(v)) => Err(format!(
+                "rank {rank}: {peer_group} all-reduce with an aborted peer gave {v:?}"
+            )),
+            (_, _) => Err(format!("rank {rank} has nothing to check")),
+        }
+    });
+    assert!(outcomes[1].contains("ab/tp"), "{outcomes:?}");
+    assert!(outcomes[2].contains("ab/dp"), "{outcomes:?}");
+}

@@ -111,6 +111,15 @@ impl<D: DeviceSide> ProcessGroup<D> {
         Ok(ProcessGroup { host, device })
     }
 
+    /// Aborts both halves: the host communicator tells its peers, the NCCL one is `ncclCommAbort`ed; pending and
+    /// later operations on either fail with [`CommError::Broken`].
+    pub fn abort(&self) {
+        self.host.abort();
+        if let Some(d) = &self.device {
+            d.abort();
+        }
+    }
+
     /// The host communicator.
     pub fn host(&self) -> &Communicator {
         &self.host

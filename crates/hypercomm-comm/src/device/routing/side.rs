@@ -15,6 +15,8 @@ pub trait DeviceSide: Send + Sync {
     fn device(&self) -> usize;
     /// The member list (must equal the host communicator's).
     fn members(&self) -> &[usize];
+    /// Stops the communicator: pending and later operations fail.
+    fn abort(&self);
     /// The device a buffer lives on.
     fn buffer_device<T: Element>(buf: &Self::Buffer<T>) -> usize;
     /// In-place all-reduce.
@@ -82,6 +84,9 @@ impl DeviceSide for DeviceCommunicator {
     }
     fn members(&self) -> &[usize] {
         self.ranks()
+    }
+    fn abort(&self) {
+        DeviceCommunicator::abort(self);
     }
     fn buffer_device<T: Element>(buf: &DeviceBuffer<T>) -> usize {
         buf.device()

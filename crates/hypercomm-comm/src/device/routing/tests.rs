@@ -30,6 +30,9 @@ impl DeviceSide for FakeDevice {
     fn members(&self) -> &[usize] {
         &self.members
     }
+    fn abort(&self) {
+        self.calls.lock().unwrap().push("abort".into());
+    }
     fn buffer_device<T: Element>(buf: &FakeBuf<T>) -> usize {
         buf.device
     }
