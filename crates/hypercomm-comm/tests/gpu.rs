@@ -8,6 +8,8 @@
 //!
 //! Also here: compiling the kernels with NVRTC through cudarc, which needs only libnvrtc (no GPU).
 
+mod fake_support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -694,4 +696,148 @@ fn two_ranks_one_that_never_calls_is_a_timeout_that_aborts() {
         // Rank 1 keeps its communicator until rank 0 has given up, then drops it (rank 0's aborted).
         std::thread::sleep(Duration::from_secs(if rank == 1 { 8 } else { 0 }));
     });
+}
+
+/// Every group of `pgc` this rank is in: its NCCL communicator's members are the layout's, and an all-reduce of
+/// the global rank sums over them.
+fn check_device_collection(
+    pgc: &process_group_collection::ProcessGroupCollection,
+    gpu: &Arc<Gpu>,
+    rank: usize,
+) -> usize {
+    let mut checked = 0;
+    for id in pgc.groups().cloned().collect::<Vec<_>>() {
+        let Ok(m) = pgc.membership(&id) else { continue };
+        let device = pgc.device(&id).unwrap();
+        assert_eq!(device.ranks(), m.members, "{id}");
+        let buf = device
+            .all_reduce(gpu.upload(&[rank as f32; 256]).unwrap(), ReduceOp::Sum)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        let want = m.members.iter().sum::<usize>() as f32;
+        assert!(buf.download().unwrap().iter().all(|&v| v == want), "{id}");
+        checked += 1;
+    }
+    checked
+}
+
+#[test]
+fn a_collection_with_a_gpu_gives_every_group_an_nccl_communicator() {
+    // One rank: every kind of a one-rank layout (and the all-gather twin), with per-kind knobs; any NCCL.
+    let Some(gpu) = gpu_or_skip("device collection") else {
+        return;
+    };
+    let layout = hypercomm_grid::layout::LayoutConfig::new(1)
+        .build()
+        .unwrap();
+    let options = process_group_collection::GroupOptions::from_json(
+        r#"{"tp": {"max_ctas": 4}, "dp_cp": {"high_priority_stream": true}}"#,
+    )
+    .unwrap();
+    let pgc = process_group_collection::ProcessGroupCollection::for_layout("one", layout)
+        .with_all_gather_groups(true)
+        .with_options(options)
+        .with_timeout(Duration::from_secs(60))
+        .with_gpu(Arc::clone(&gpu))
+        .build(0, Arc::new(MemoryStore::new()))
+        .unwrap();
+    let checked = check_device_collection(&pgc, &gpu, 0);
+    assert!(checked >= 15, "{checked} groups");
+}
+
+#[test]
+fn two_ranks_build_a_device_collection_both_ways() {
+    on_two_ranks("two-rank device collection", |rank, gpu, store| {
+        let layout = || {
+            hypercomm_grid::layout::LayoutConfig::new(2)
+                .tp(2)
+                .build()
+                .unwrap()
+        };
+        let build = || {
+            process_group_collection::ProcessGroupCollection::for_layout("pair", layout())
+                .with_all_gather_groups(true)
+                .with_timeout(Duration::from_secs(60))
+                .with_gpu(Arc::clone(&gpu))
+        };
+        let pgc = build().build(rank, Arc::clone(&store)).unwrap();
+        assert!(check_device_collection(&pgc, &gpu, rank) >= 15);
+        drop(pgc);
+        let world = ProcessGroup::connect(
+            Some(Arc::clone(&gpu)),
+            store,
+            vec![0, 1],
+            rank,
+            CommOptions {
+                timeout: Duration::from_secs(60),
+                ..CommOptions::named("world")
+            },
+        )
+        .unwrap();
+        let by_split =
+            process_group_collection::ProcessGroupCollection::for_layout("split", layout())
+                .with_all_gather_groups(true)
+                .with_timeout(Duration::from_secs(60))
+                .with_gpu(Arc::clone(&gpu))
+                .build_by_split_group(&world)
+                .unwrap();
+        assert!(check_device_collection(&by_split, &gpu, rank) >= 15);
+    });
+}
+
+/// The tests of this binary that need kernels, which the fake GPU cannot run (it has no NVRTC or PTX loader).
+const NEEDS_KERNELS: [&str; 2] = [
+    "kernels_compile_with_nvrtc_when_present",
+    "strided_views_and_fill_verify_kernels",
+];
+
+#[test]
+fn the_gpu_tests_pass_under_the_fake_gpu() {
+    // Every test above, run again in a child process under fake-gpu with two fake devices and
+    // HYPERCOMM_REQUIRE_GPU=1, so no test can pass by skipping: the tests' own logic is checked in CI before a
+    // GPU run spends its time on them. (On the GPU machine the fake is not bundled, and this says so.)
+    if std::env::var_os(fake_support::UNDER_FAKE).is_some() {
+        return;
+    }
+    let lib = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("libfake_gpu.so")));
+    if !lib.is_some_and(|l| l.exists()) {
+        eprintln!(
+            "under the fake gpu: libfake_gpu.so is not beside this binary (a bundle): nothing to run"
+        );
+        return;
+    }
+    let dir = fake_support::FakeDir::new("gpu-tests");
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    fake_support::with_fake_env(
+        &mut cmd,
+        &dir,
+        &[
+            ("FAKE_GPU_DEVICES", "2"),
+            ("FAKE_NCCL_TIMEOUT_SECS", "20"),
+            ("HYPERCOMM_REQUIRE_GPU", "1"),
+        ],
+    );
+    // The whole binary, less what needs kernels and this test itself.
+    cmd.args([
+        "--test-threads=1",
+        "--skip",
+        "the_gpu_tests_pass_under_the_fake_gpu",
+    ]);
+    for t in NEEDS_KERNELS {
+        cmd.args(["--skip", t]);
+    }
+    let out = cmd.output().expect("run this binary again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("0 failed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("test two_ranks_run_every_collective ... ok"),
+        "{stdout}"
+    );
 }

@@ -46,13 +46,26 @@ impl Drop for FakeDir {
     }
 }
 
-/// The command that runs the ignored test `name` of this binary under the fake.
-pub fn fake_command(dir: &FakeDir, name: &str, env: &[(&str, &str)]) -> Command {
+/// Puts `cmd` under the fake: the fake first on the loader path as `libcuda.so`, in `NCCL_LIBRARY`, its exchange
+/// files in `dir`, then `env`.
+pub fn with_fake_env(cmd: &mut Command, dir: &FakeDir, env: &[(&str, &str)]) {
     let mut path = dir.0.clone().into_os_string();
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
         path.push(":");
         path.push(old);
     }
+    cmd.env("LD_LIBRARY_PATH", path)
+        .env("NCCL_LIBRARY", fake_library())
+        .env("FAKE_NCCL_DIR", dir.0.join("exchange"))
+        .env_remove("NCCL_MULTI_RANK_GPU_ENABLE")
+        .env(UNDER_FAKE, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+}
+
+/// The command that runs the ignored test `name` of this binary under the fake.
+pub fn fake_command(dir: &FakeDir, name: &str, env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
         name,
@@ -60,15 +73,8 @@ pub fn fake_command(dir: &FakeDir, name: &str, env: &[(&str, &str)]) -> Command 
         "--ignored",
         "--nocapture",
         "--test-threads=1",
-    ])
-    .env("LD_LIBRARY_PATH", path)
-    .env("NCCL_LIBRARY", fake_library())
-    .env("FAKE_NCCL_DIR", dir.0.join("exchange"))
-    .env_remove("NCCL_MULTI_RANK_GPU_ENABLE")
-    .env(UNDER_FAKE, "1");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
+    ]);
+    with_fake_env(&mut cmd, dir, env);
     cmd
 }
 
