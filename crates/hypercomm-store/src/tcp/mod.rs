@@ -22,7 +22,11 @@
 //! ```
 
 mod client;
+mod connection;
+mod event_loop;
+mod requests;
 mod server;
+mod table;
 
 pub use client::{ClientOptions, TcpStore};
 pub use server::{ServerError, ServerOptions, TcpStoreServer};
