@@ -47,4 +47,7 @@ pub use prefix::PrefixStore;
 pub use rendezvous::{EnvSource, Joined, Rendezvous, RendezvousError, STORE_ADDR_ENV, StoreAddr};
 pub use secret::{SECRET_ENV, Secret, SecretError};
 pub use store::{CompareSet, Store};
-pub use tcp::{ClientOptions, ServerError, ServerOptions, TcpStore, TcpStoreServer};
+pub use tcp::{
+    ClientOptions, RELAY_ADDR_ENV, RelayError, ServerError, ServerOptions, StoreRelay, TcpStore,
+    TcpStoreServer,
+};

@@ -36,8 +36,8 @@ pub(super) enum Phase {
 pub(super) struct Pending {
     /// Its sequence number, as registered in the table.
     pub seq: u64,
-    /// The request itself.
-    pub parked: Parked,
+    /// The request itself, when it is parked on this server's table; `None` when a relay forwarded it upstream.
+    pub parked: Option<Parked>,
     /// When it times out.
     pub deadline: Instant,
     /// How long it may wait in all, for the timed-out reply.

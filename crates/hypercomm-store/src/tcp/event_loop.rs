@@ -24,11 +24,12 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use super::connection::{Connection, Expiry, Pending, Phase, Received, later};
-use super::requests::{self, Outcome, Refusal};
-use super::server::ServerOptions;
+use super::connection::{Connection, Expiry, Phase, Received};
+use super::dispatch::{Closing, Core};
+use super::requests;
+use super::server::{ServerOptions, StartUpstream};
 use super::table::{Table, Waiter};
-use crate::frame::{Frame, FrameError, encode_frame};
+use crate::frame::{Frame, encode_frame};
 use crate::secret::random_bytes;
 
 const LISTENER: Token = Token(0);
@@ -60,15 +61,6 @@ pub(super) struct Shared {
     pub parked: AtomicUsize,
 }
 
-/// Everything the requests of all connections share, apart from the connections themselves.
-struct Core {
-    options: ServerOptions,
-    table: Table,
-    /// Requests released by the last write, to re-check.
-    woken: Vec<Waiter>,
-    next_seq: u64,
-}
-
 /// The loop's state. Built on the caller's thread by [`EventLoop::new`], then moved to its own thread to
 /// [`EventLoop::run`].
 pub(super) struct EventLoop {
@@ -96,11 +88,13 @@ pub(super) struct EventLoop {
 }
 
 impl EventLoop {
-    /// Takes over `listener` and returns the loop with a waker that interrupts its wait.
+    /// Takes over `listener` and returns the loop with a waker that interrupts its wait. `upstream`, for a
+    /// relay, is called with that waker to make the forwarding half that answers requests instead of a table.
     pub fn new(
         listener: std::net::TcpListener,
         options: ServerOptions,
         shared: Arc<Shared>,
+        upstream: Option<StartUpstream>,
     ) -> io::Result<(EventLoop, Arc<Waker>)> {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -109,6 +103,9 @@ impl EventLoop {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let upstream = upstream
+            .map(|start| start(Arc::clone(&waker)))
+            .transpose()?;
         let event_loop = EventLoop {
             poll,
             listener,
@@ -117,6 +114,7 @@ impl EventLoop {
             core: Core {
                 options,
                 table: Table::default(),
+                upstream,
                 woken: Vec::new(),
                 next_seq: 0,
             },
@@ -151,7 +149,7 @@ impl EventLoop {
             for event in &events {
                 match event.token() {
                     LISTENER => self.accept_more = true,
-                    WAKER => {}
+                    WAKER => self.upstream_answers(),
                     Token(t) => {
                         if let Some(conn) = self.conns.get_mut(&t) {
                             if event.is_readable() || event.is_read_closed() || event.is_error() {
@@ -366,15 +364,38 @@ impl EventLoop {
             let Some(pending) = conn.pending.as_mut().filter(|p| p.seq == waiter.seq) else {
                 continue;
             };
-            match pending.parked.poll(&self.core.table) {
+            let Some(parked) = pending.parked.as_mut() else {
+                continue;
+            };
+            match parked.poll(&self.core.table) {
                 Some(reply) => {
                     conn.pending = None;
                     conn.queue(&reply, self.core.options.max_frame);
                     conn.touch(Instant::now());
                     self.ready.push(waiter.conn);
                 }
-                None => self.core.table.park(pending.parked.watched(), waiter),
+                None => self.core.table.park(parked.watched(), waiter),
             }
+        }
+    }
+
+    /// A relay's upstream answers: each goes to the connection whose request it answers, if still waiting.
+    fn upstream_answers(&mut self) {
+        let Some(upstream) = self.core.upstream.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        for (waiter, reply) in upstream.finished(now) {
+            let Some(conn) = self.conns.get_mut(&waiter.conn) else {
+                continue;
+            };
+            if conn.pending.as_ref().is_none_or(|p| p.seq != waiter.seq) {
+                continue;
+            }
+            conn.pending = None;
+            conn.queue(&reply, self.core.options.max_frame);
+            conn.touch(now);
+            self.ready.push(waiter.conn);
         }
     }
 
@@ -419,8 +440,16 @@ impl EventLoop {
                             conn: t,
                             seq: pending.seq,
                         };
-                        self.core.table.unpark(pending.parked.watched(), waiter);
-                        let reply = pending.parked.timed_out(&self.core.table, pending.timeout);
+                        let reply = match (&pending.parked, self.core.upstream.as_mut()) {
+                            (Some(parked), _) => {
+                                self.core.table.unpark(parked.watched(), waiter);
+                                parked.timed_out(&self.core.table, pending.timeout)
+                            }
+                            (None, Some(upstream)) => upstream.expire(waiter, pending.timeout),
+                            (None, None) => Frame::Failed {
+                                message: "request lost by the server".into(),
+                            },
+                        };
                         conn.queue(&reply, self.core.options.max_frame);
                         conn.touch(now);
                     }
@@ -440,7 +469,11 @@ impl EventLoop {
                 conn: t,
                 seq: pending.seq,
             };
-            self.core.table.unpark(pending.parked.watched(), waiter);
+            match (&pending.parked, self.core.upstream.as_mut()) {
+                (Some(parked), _) => self.core.table.unpark(parked.watched(), waiter),
+                (None, Some(upstream)) => upstream.forget(waiter),
+                (None, None) => {}
+            }
         }
         let peer = conn.peer;
         match why {
@@ -489,113 +522,6 @@ impl EventLoop {
         self.shared.connections.store(0, Ordering::SeqCst);
         self.shared.parked.store(0, Ordering::SeqCst);
     }
-}
-
-impl Core {
-    /// Answers the complete frames buffered on `conn`, stopping at a parked request. Returns why the connection
-    /// must close now, if it must.
-    fn answer_buffered(
-        &mut self,
-        t: usize,
-        conn: &mut Connection,
-        now: Instant,
-    ) -> Option<Closing> {
-        let max_frame = self.options.max_frame;
-        while conn.pending.is_none() && !matches!(conn.phase, Phase::Closing) {
-            let frame = match conn.next_frame(max_frame) {
-                Ok(Some(frame)) => frame,
-                Ok(None) => return None,
-                Err(e) => return self.malformed(conn, e),
-            };
-            match &conn.phase {
-                Phase::Greeting { nonce } => match requests::greet(&self.options, nonce, frame) {
-                    Ok(welcome) => {
-                        conn.queue(&welcome, max_frame);
-                        conn.phase = Phase::Serving;
-                        conn.touch(now);
-                    }
-                    Err(Refusal {
-                        reason,
-                        reply: Some(reply),
-                    }) => {
-                        tracing::warn!(peer = %conn.peer, %reason, "store handshake failed; closing connection");
-                        conn.queue(&reply, max_frame);
-                        conn.phase = Phase::Closing;
-                    }
-                    Err(Refusal {
-                        reason,
-                        reply: None,
-                    }) => return Some(Closing::Refused(reason)),
-                },
-                Phase::Serving => {
-                    let outcome = requests::answer(
-                        &mut self.table,
-                        frame,
-                        self.options.max_wait,
-                        &mut self.woken,
-                    );
-                    match outcome {
-                        Outcome::Reply(reply) => {
-                            conn.queue(&reply, max_frame);
-                            conn.touch(now);
-                        }
-                        Outcome::ReplyAndClose(reply) => {
-                            conn.queue(&reply, max_frame);
-                            conn.phase = Phase::Closing;
-                        }
-                        Outcome::Park { parked, timeout } => {
-                            let seq = self.next_seq;
-                            self.next_seq += 1;
-                            self.table.park(parked.watched(), Waiter { conn: t, seq });
-                            conn.pending = Some(Pending {
-                                seq,
-                                parked,
-                                deadline: later(now, timeout),
-                                timeout,
-                            });
-                        }
-                    }
-                }
-                Phase::Closing => return None,
-            }
-        }
-        None
-    }
-
-    /// A frame that does not decode: during the handshake the connection just closes; afterwards the client is
-    /// told why first.
-    fn malformed(&self, conn: &mut Connection, e: FrameError) -> Option<Closing> {
-        match conn.phase {
-            Phase::Greeting { .. } => Some(Closing::Refused(format!("no auth frame: {e}"))),
-            Phase::Serving => {
-                tracing::warn!(peer = %conn.peer, error = %e, "malformed frame from store client; closing its connection");
-                let failed = Frame::Failed {
-                    message: format!("malformed frame: {e}"),
-                };
-                conn.queue(&failed, self.options.max_frame);
-                conn.phase = Phase::Closing;
-                None
-            }
-            Phase::Closing => None,
-        }
-    }
-}
-
-/// Why a connection is closed now.
-#[derive(Debug)]
-enum Closing {
-    /// Its last frames are out (or the client closed between requests).
-    Done,
-    /// The client closed while a request of its was parked.
-    GoneWhileParked,
-    /// The client closed in the middle of a frame.
-    Truncated,
-    /// The socket failed.
-    Broken(io::Error),
-    /// A deadline passed.
-    Expired(Expiry),
-    /// The handshake failed in a way the client is not told about.
-    Refused(String),
 }
 
 /// Whether `accept` failed because this process or the whole system has no file descriptor left.

@@ -23,12 +23,17 @@
 
 mod client;
 mod connection;
+mod dispatch;
 mod event_loop;
+mod relay;
 mod requests;
 mod server;
 mod table;
+mod upstream;
 
 pub use client::{ClientOptions, TcpStore};
+pub(crate) use relay::NodeRelay;
+pub use relay::{RELAY_ADDR_ENV, RelayError, StoreRelay};
 pub use server::{ServerError, ServerOptions, TcpStoreServer};
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use super::event_loop::{EventLoop, Shared};
+use super::upstream::Upstream;
 use crate::frame::{DEFAULT_MAX_FRAME, Frame};
 use crate::secret::Secret;
 
@@ -20,6 +21,9 @@ use crate::secret::Secret;
 /// `net.core.somaxconn` (4096 by default since 5.4); a large queue keeps a burst of thousands of ranks connecting
 /// at once from waiting out SYN retransmissions.
 const LISTEN_BACKLOG: i32 = 65_535;
+
+/// Makes a relay's forwarding half, given the waker of the event loop it will answer through.
+pub(super) type StartUpstream = Box<dyn FnOnce(Arc<mio::Waker>) -> io::Result<Upstream> + Send>;
 
 /// How a [`TcpStoreServer`] behaves.
 #[derive(Debug, Clone)]
@@ -100,6 +104,15 @@ impl TcpStoreServer {
         addr: impl ToSocketAddrs + std::fmt::Display,
         options: ServerOptions,
     ) -> Result<Self, ServerError> {
+        TcpStoreServer::start(addr, options, None)
+    }
+
+    /// [`TcpStoreServer::bind`], answering requests through `upstream` (a relay) instead of a table when given.
+    pub(super) fn start(
+        addr: impl ToSocketAddrs + std::fmt::Display,
+        options: ServerOptions,
+        upstream: Option<StartUpstream>,
+    ) -> Result<Self, ServerError> {
         let shown = addr.to_string();
         let bind_error = |source| ServerError::Bind {
             addr: shown.clone(),
@@ -111,12 +124,10 @@ impl TcpStoreServer {
         rustix::net::listen(&listener, LISTEN_BACKLOG).map_err(|e| bind_error(e.into()))?;
         let shared = Arc::new(Shared::default());
         let auth = options.secret.is_some();
-        let (event_loop, waker) =
-            EventLoop::new(listener, options, Arc::clone(&shared)).map_err(|source| {
-                ServerError::EventLoop {
-                    addr: local,
-                    source,
-                }
+        let (event_loop, waker) = EventLoop::new(listener, options, Arc::clone(&shared), upstream)
+            .map_err(|source| ServerError::EventLoop {
+                addr: local,
+                source,
             })?;
         let thread = thread::Builder::new()
             .name(format!("store-{}", local.port()))
