@@ -9,6 +9,11 @@
 //! - With a [`Secret`](crate::Secret) the server demands a challenge-response before serving a connection, and the
 //!   client checks that the server holds the same secret.
 //! - A malformed, truncated or oversized frame closes only the connection that sent it.
+//! - The server is event-driven: one thread serves every connection, and a `get` or `wait` for a key not yet
+//!   written costs a registration, not a thread. Its connection limit is the open-file limit, which a refused
+//!   client is told.
+//! - A [`StoreRelay`] on each node serves that node's ranks and forwards to the central store over a few
+//!   connections, folding identical waits into one.
 //!
 //! ```
 //! use std::time::Duration;
