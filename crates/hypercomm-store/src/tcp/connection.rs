@@ -78,6 +78,8 @@ pub(super) struct Connection {
     pub pending: Option<Pending>,
     /// Whether the socket may have bytes to read (set by readiness, cleared when a read would block).
     pub may_read: bool,
+    /// Whether the socket is registered for writability (only while output is waiting).
+    pub watching_writes: bool,
     /// The deadline this connection has in the event loop's timer heap, if any.
     pub scheduled: Option<Instant>,
     input: Vec<u8>,
@@ -101,6 +103,7 @@ impl Connection {
             phase: Phase::Greeting { nonce },
             pending: None,
             may_read: true,
+            watching_writes: false,
             scheduled: None,
             input: Vec::new(),
             consumed: 0,

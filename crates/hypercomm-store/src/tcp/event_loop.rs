@@ -244,11 +244,12 @@ impl EventLoop {
         let _ = stream.set_nodelay(true);
         let token = self.next_token;
         self.next_token += 1;
-        let interest = Interest::READABLE | Interest::WRITABLE;
+        // Readable only: writability is asked for only while replies wait for room (see `watch_writes`), since
+        // every ACK that frees send-buffer space would otherwise wake the loop for nothing.
         if let Err(e) = self
             .poll
             .registry()
-            .register(&mut stream, Token(token), interest)
+            .register(&mut stream, Token(token), Interest::READABLE)
         {
             tracing::warn!(%peer, error = %e, "cannot watch a store connection; dropping it");
             return;
@@ -350,9 +351,38 @@ impl EventLoop {
         };
         match close {
             Some(reason) => self.close(t, reason),
-            None => self.schedule(t),
+            None => {
+                self.watch_writes(t);
+                self.schedule(t);
+            }
         }
         self.release_woken();
+    }
+
+    /// Asks for writability events on connection `t` exactly while it has replies the socket has not taken.
+    fn watch_writes(&mut self, t: usize) {
+        let Some(conn) = self.conns.get_mut(&t) else {
+            return;
+        };
+        let wanted = conn.has_output();
+        if wanted == conn.watching_writes {
+            return;
+        }
+        let interest = if wanted {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        // Re-registering reports readiness that already holds, so a socket that became writable in between is not
+        // missed.
+        match self
+            .poll
+            .registry()
+            .reregister(&mut conn.stream, Token(t), interest)
+        {
+            Ok(()) => conn.watching_writes = wanted,
+            Err(e) => self.close(t, Closing::Broken(e)),
+        }
     }
 
     /// Re-checks every request released by the last writes: answers it, or parks it under its next missing key.

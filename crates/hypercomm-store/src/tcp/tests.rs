@@ -426,3 +426,18 @@ fn a_waiting_get_from_a_client_that_went_away_is_forgotten() {
         thread::sleep(Duration::from_millis(5));
     }
 }
+
+#[test]
+fn replies_larger_than_the_socket_buffer_go_out_in_pieces() {
+    let server = server();
+    let a = client(&server);
+    let b = client(&server);
+    // Several megabytes: the server's first write takes only part, and the rest waits for writability.
+    let big: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+    a.set(&Key::new("big"), &big).unwrap();
+    for _ in 0..3 {
+        assert_eq!(b.get(&Key::new("big"), LONG).unwrap(), big);
+    }
+    // The connection is still served normally afterwards.
+    assert_eq!(b.num_keys().unwrap(), 1);
+}
