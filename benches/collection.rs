@@ -4,6 +4,8 @@
 //! - the store traffic per rank of building a full collection (all kinds, all-gather groups on), simulated with the
 //!   in-process store for worlds up to 131,072 ranks on layout tp 8, cp 2, pp 4, ep 8: requests and bytes per rank
 //!   stay flat as the world grows, because each rank meets only its own groups' members;
+//! - the same build through a store relay per node of 8 ranks, simulated up to 1,048,576 ranks: what each relay
+//!   receives and forwards, and what the central store receives with and without relays;
 //! - the median time per rank to build a full collection on 8 local ranks (threads), by each bootstrap.
 
 mod support;
@@ -12,7 +14,7 @@ use std::time::Instant;
 
 use hypercomm::grid::layout::LayoutConfig;
 use hypercomm::pgc::bench::{Strategy, full_layout_8, median, time_builds};
-use hypercomm::pgc::cost::simulate_store_cost;
+use hypercomm::pgc::cost::{simulate_relay_cost, simulate_store_cost};
 use support::{human, smoke_run};
 
 fn main() {
@@ -53,6 +55,7 @@ fn main() {
             human(t.elapsed())
         );
     }
+    relay_traffic(smoke);
     let repeats = if smoke { 1 } else { 20 };
     println!();
     println!(
@@ -65,6 +68,52 @@ fn main() {
             "{:>6}: {communicators} communicators per rank, median build time per rank {}",
             strategy.name(),
             human(median(&times))
+        );
+    }
+}
+
+/// The build's store traffic through a relay on each node of 8 ranks (as `hypercomm launch` runs one per node).
+fn relay_traffic(smoke: bool) {
+    const PER_NODE: usize = 8;
+    let worlds: &[usize] = if smoke {
+        &[1024]
+    } else {
+        // 100,352 = 12,544 nodes of 8: the world nearest 100,000 that tp 8 x cp 2 x pp 4 divides.
+        &[8192, 100_352, 1_048_576]
+    };
+    println!();
+    println!("the same build through one store relay per node of {PER_NODE} ranks");
+    println!(
+        "{:>9} {:>7} {:>13} {:>14} {:>14} {:>16} {:>16} {:>12}",
+        "world",
+        "nodes",
+        "in/relay max",
+        "out/relay max",
+        "bytes out max",
+        "central direct",
+        "central relayed",
+        "simulated in"
+    );
+    for &world in worlds {
+        let layout = LayoutConfig::new(world)
+            .tp(8)
+            .cp(2)
+            .pp(4)
+            .ep(8)
+            .build()
+            .expect("valid layout");
+        let t = Instant::now();
+        let report =
+            simulate_relay_cost("bench", &layout, true, PER_NODE).expect("simulation runs");
+        println!(
+            "{world:>9} {:>7} {:>13} {:>14} {:>14} {:>16} {:>16} {:>12}",
+            report.nodes(),
+            report.max_local_requests(),
+            report.max_upstream_requests(),
+            report.max_upstream_bytes(),
+            report.direct_requests(),
+            report.central_requests(),
+            human(t.elapsed())
         );
     }
 }

@@ -509,6 +509,30 @@ pub fn read_frame(r: &mut impl Read, max: u32) -> Result<Frame, ReadError> {
     Ok(Frame::decode_body(&body)?)
 }
 
+/// Decodes the first frame at the start of `buf`, for readers that collect bytes as they arrive (the event-driven
+/// server): `Ok(Some((frame, consumed)))` when a whole frame is there, `Ok(None)` when more bytes are needed.
+///
+/// A length prefix over `max` is refused as soon as its four bytes are in, so a caller that appends only what
+/// arrives never buffers more than one frame of at most `max` bytes plus what follows it.
+pub fn split_frame(buf: &[u8], max: u32) -> Result<Option<(Frame, usize)>, FrameError> {
+    let Some((prefix, rest)) = buf.split_first_chunk::<4>() else {
+        return Ok(None);
+    };
+    let len = u32::from_le_bytes(*prefix);
+    if len > max {
+        return Err(FrameError::TooLarge {
+            len: u64::from(len),
+            max,
+        });
+    }
+    // `len <= max <= u32::MAX`, which fits in usize on every platform this crate builds for (64- and 32-bit).
+    let len = len as usize;
+    match rest.get(..len) {
+        Some(body) => Ok(Some((Frame::decode_body(body)?, 4 + len))),
+        None => Ok(None),
+    }
+}
+
 struct Encoder(Vec<u8>);
 
 impl Encoder {
@@ -795,6 +819,31 @@ mod tests {
                 prop_assert_eq!(frame.encode_body(), body);
             }
         }
+    }
+
+    proptest! {
+        #[test]
+        fn split_frame_needs_every_byte_and_no_more(frame in arb_frame(), extra in arb_bytes()) {
+            let mut wire = encode_frame(&frame, DEFAULT_MAX_FRAME).unwrap();
+            let whole = wire.len();
+            for cut in 0..whole {
+                prop_assert_eq!(split_frame(&wire[..cut], DEFAULT_MAX_FRAME), Ok(None));
+            }
+            wire.extend_from_slice(&extra);
+            prop_assert_eq!(split_frame(&wire, DEFAULT_MAX_FRAME), Ok(Some((frame, whole))));
+        }
+    }
+
+    #[test]
+    fn split_frame_refuses_an_oversized_prefix_without_the_body() {
+        let wire = 1025u32.to_le_bytes();
+        assert_eq!(
+            split_frame(&wire, 1024),
+            Err(FrameError::TooLarge {
+                len: 1025,
+                max: 1024
+            })
+        );
     }
 
     #[test]

@@ -8,9 +8,9 @@
 //! 2. Talk to a store through the [`Store`] trait: set, get (waiting up to a timeout), wait for several keys,
 //!    atomic add, compare-and-set, delete, and count keys.
 //! 3. Pick an implementation: [`TcpStore`] for ranks that are processes (a [`TcpStoreServer`] runs in one of them
-//!    or standalone), [`MemoryStore`] for ranks that are threads of one process (tests, simulations), and
-//!    [`PrefixStore`] to give independent users of one store their own key space, and [`CountingStore`] to count
-//!    what one client costs the store.
+//!    or standalone; a [`StoreRelay`] per node can stand between them), [`MemoryStore`] for ranks that are
+//!    threads of one process (tests, simulations), and [`PrefixStore`] to give independent users of one store
+//!    their own key space, and [`CountingStore`] to count what one client costs the store.
 //! 4. Find out where this process sits in the job with [`Rendezvous::from_env`] (torchrun, SLURM, Open MPI, MPICH
 //!    and `hypercomm launch` are understood), or start a local job with [`launch::Launcher`].
 //!
@@ -47,4 +47,7 @@ pub use prefix::PrefixStore;
 pub use rendezvous::{EnvSource, Joined, Rendezvous, RendezvousError, STORE_ADDR_ENV, StoreAddr};
 pub use secret::{SECRET_ENV, Secret, SecretError};
 pub use store::{CompareSet, Store};
-pub use tcp::{ClientOptions, ServerError, ServerOptions, TcpStore, TcpStoreServer};
+pub use tcp::{
+    ClientOptions, RELAY_ADDR_ENV, RelayError, ServerError, ServerOptions, StoreRelay, TcpStore,
+    TcpStoreServer,
+};

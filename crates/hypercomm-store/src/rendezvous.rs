@@ -26,7 +26,9 @@ use std::str::FromStr;
 
 use crate::StoreError;
 use crate::secret::{Secret, SecretError};
-use crate::tcp::{ClientOptions, ServerError, ServerOptions, TcpStore, TcpStoreServer};
+use crate::tcp::{
+    ClientOptions, NodeRelay, RELAY_ADDR_ENV, ServerError, ServerOptions, TcpStore, TcpStoreServer,
+};
 
 /// The launcher whose variables described this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -171,6 +173,9 @@ pub struct Rendezvous {
     pub store_addr: StoreAddr,
     /// The shared secret from [`SECRET_ENV`](crate::SECRET_ENV), if set.
     pub secret: Option<Secret>,
+    /// This node's store relay, from [`RELAY_ADDR_ENV`] (set by `hypercomm launch`), and the node's index
+    /// (`HYPERCOMM_NODE_RANK`, 0 when unset); [`Rendezvous::join`] connects there instead of to the store.
+    pub relay: Option<(StoreAddr, usize)>,
     /// Which launcher's variables were used.
     pub source: EnvSource,
 }
@@ -314,6 +319,7 @@ impl Rendezvous {
             local_world_size,
             store_addr: store_addr(vars, source)?,
             secret: Secret::from_vars(vars)?,
+            relay: relay_addr(vars)?,
             source,
         })
     }
@@ -330,7 +336,8 @@ impl Rendezvous {
     }
 
     /// Joins the job's store: starts the server first when [`Rendezvous::hosts_store`], then connects a client
-    /// (retrying until `options.connect_timeout`, so ranks may start in any order).
+    /// (retrying until `options.connect_timeout`, so ranks may start in any order) to this node's relay when the
+    /// launcher started one, or else to the store itself.
     pub fn join(&self, options: ClientOptions) -> Result<Joined, RendezvousError> {
         let server = if self.hosts_store() {
             let server_options = ServerOptions {
@@ -345,7 +352,12 @@ impl Rendezvous {
         } else {
             None
         };
-        let store = TcpStore::connect(self.store_addr.to_string(), options)?;
+        let store = match &self.relay {
+            Some((relay, node)) => {
+                TcpStore::connect(NodeRelay::new(relay.clone(), *node), options)?
+            }
+            None => TcpStore::connect(self.store_addr.to_string(), options)?,
+        };
         Ok(Joined { store, server })
     }
 }
@@ -399,6 +411,27 @@ fn slurm_local_world(vars: &impl Fn(&str) -> Option<String>) -> Result<usize, Re
             per_node.len()
         ))
     })
+}
+
+/// This node's relay and the node's index, when the launcher started a relay.
+fn relay_addr(
+    vars: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<(StoreAddr, usize)>, RendezvousError> {
+    let Some(value) = vars(RELAY_ADDR_ENV) else {
+        return Ok(None);
+    };
+    let addr = value
+        .parse()
+        .map_err(|reason: String| RendezvousError::Invalid {
+            var: RELAY_ADDR_ENV.to_owned(),
+            value,
+            expected: format!("host:port ({reason})"),
+        })?;
+    let node = match vars("HYPERCOMM_NODE_RANK") {
+        Some(v) => parse_count("HYPERCOMM_NODE_RANK", &v)?,
+        None => 0,
+    };
+    Ok(Some((addr, node)))
 }
 
 fn store_addr(

@@ -10,6 +10,7 @@
 //! number of groups it is in, and not at all with the world; its bytes grow only by the digits of group indices
 //! written in communicator names.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,17 +92,77 @@ pub fn simulate_store_cost(
         .map(|_| CountingStore::new(Arc::clone(&shared)))
         .collect();
     let mut groups_per_rank = vec![0usize; world];
+    let wait = Duration::from_secs(1);
+    let store_err = |source| CollectionError::Invalid {
+        collection: name.to_owned(),
+        what: format!("simulated store failed: {source}"),
+    };
+    replay(name, layout, all_gather_groups, |members, requests| {
+        for request in requests {
+            let store = &ranks[request.rank - offset];
+            match &request.op {
+                Op::Set(value) => store.set(&request.key, value).map_err(store_err)?,
+                Op::Get(_) => drop(store.get(&request.key, wait).map_err(store_err)?),
+                Op::Add => drop(store.add(&request.key, 1).map_err(store_err)?),
+            }
+        }
+        for &r in members {
+            groups_per_rank[r - offset] += 1;
+        }
+        // Done with this group: free its keys (not counted) so memory stays bounded.
+        for request in requests {
+            if !matches!(request.op, Op::Get(_)) {
+                shared.delete(&request.key).map_err(store_err)?;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(CostReport {
+        world,
+        per_rank: ranks.iter().map(CountingStore::counts).collect(),
+        groups_per_rank,
+    })
+}
+
+/// One request of the simulated bootstrap.
+#[derive(Debug)]
+struct Request {
+    rank: usize,
+    op: Op,
+    key: Key,
+}
+
+#[derive(Debug)]
+enum Op {
+    /// Write this value.
+    Set(Vec<u8>),
+    /// Wait for the key and read a value of this many bytes.
+    Get(usize),
+    /// Add 1 to the counter.
+    Add,
+}
+
+/// Replays the store-keyed bootstrap group by group: for each group of each kind, its members and the requests
+/// they send, in an order a real build can take. The leader writes one record; every other member reads it; every
+/// member marks its arrival and adds to the arrival counter; the last to arrive writes the decision; every member
+/// reads it.
+fn replay(
+    name: &str,
+    layout: &ParallelLayout,
+    all_gather_groups: bool,
+    mut each_group: impl FnMut(&[usize], &[Request]) -> Result<(), CollectionError>,
+) -> Result<(), CollectionError> {
     let topology = Topology {
         layout: Some(layout.clone()),
         all_gather_groups,
         ..Topology::default()
     };
     let record = leader_record();
-    let wait = Duration::from_secs(1);
     let layout_err = |source| CollectionError::Layout {
         collection: name.to_owned(),
         source,
     };
+    let mut requests = Vec::new();
     for kind in topology.layout_kinds() {
         let groups = layout.groups(kind).map_err(layout_err)?;
         let mut members = Vec::new();
@@ -128,46 +189,166 @@ pub fn simulate_store_cost(
                 .push(id.tag.as_str());
             let comm = Key::new("comm").push(format!("{name}/{id}/{}", m.group));
             let key = |what: &str| prefix.join(&comm.clone().push(what));
-            let store_err = |source| CollectionError::Invalid {
-                collection: name.to_owned(),
-                what: format!("simulated store failed: {source}"),
-            };
-            let rank_store = |r: usize| &ranks[r - offset];
-            rank_store(members[0])
-                .set(&key("leader"), &record)
-                .map_err(store_err)?;
+            requests.clear();
+            let mut push = |rank, op, key| requests.push(Request { rank, op, key });
+            push(members[0], Op::Set(record.clone()), key("leader"));
             for &r in &members[1..] {
-                rank_store(r).get(&key("leader"), wait).map_err(store_err)?;
+                push(r, Op::Get(record.len()), key("leader"));
             }
             for (i, &r) in members.iter().enumerate() {
-                let arrived = key("arrived").push(i);
-                rank_store(r).set(&arrived, b"").map_err(store_err)?;
-                rank_store(r).add(&key("arrivals"), 1).map_err(store_err)?;
+                push(r, Op::Set(Vec::new()), key("arrived").push(i));
+                push(r, Op::Add, key("arrivals"));
                 if i + 1 == members.len() {
-                    rank_store(r)
-                        .set(&key("decision"), b"shm")
-                        .map_err(store_err)?;
+                    push(r, Op::Set(b"shm".to_vec()), key("decision"));
                 }
             }
             for &r in &members {
-                rank_store(r)
-                    .get(&key("decision"), wait)
-                    .map_err(store_err)?;
-                groups_per_rank[r - offset] += 1;
+                push(r, Op::Get(3), key("decision"));
             }
-            // Done with this group: free its keys (not counted) so memory stays bounded.
-            for what in ["leader", "arrivals", "decision"] {
-                shared.delete(&key(what)).map_err(store_err)?;
-            }
-            for i in 0..members.len() {
-                shared.delete(&key("arrived").push(i)).map_err(store_err)?;
-            }
+            each_group(&members, &requests)?;
         }
     }
-    Ok(CostReport {
+    Ok(())
+}
+
+/// The store traffic of a collection build when every node's ranks go through a relay
+/// ([`StoreRelay`](hypercomm_store::StoreRelay)): what each node's relay receives from its ranks and sends to the
+/// central store, and what the central store receives in all.
+#[derive(Debug, Clone)]
+pub struct RelayCostReport {
+    /// The number of ranks.
+    pub world: usize,
+    /// Ranks per node (consecutive ranks share a node, as the launcher places them).
+    pub ranks_per_node: usize,
+    /// Per node: the requests and bytes its ranks send to the relay.
+    pub local: Vec<StoreCounts>,
+    /// Per node: the requests and bytes the relay sends upstream, when the identical gets of a group's members
+    /// on one node overlap in time (as they do when the members start together) and so share one upstream call.
+    pub upstream: Vec<StoreCounts>,
+}
+
+impl RelayCostReport {
+    /// The number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.local.len()
+    }
+
+    /// Requests the central store receives without relays (every rank's own requests).
+    pub fn direct_requests(&self) -> u64 {
+        self.local.iter().map(StoreCounts::requests).sum()
+    }
+
+    /// Requests the central store receives through the relays.
+    pub fn central_requests(&self) -> u64 {
+        self.upstream.iter().map(StoreCounts::requests).sum()
+    }
+
+    /// Bytes (both directions) the central store moves through the relays.
+    pub fn central_bytes(&self) -> u64 {
+        self.upstream.iter().map(StoreCounts::bytes).sum()
+    }
+
+    /// The most requests one relay sends upstream.
+    pub fn max_upstream_requests(&self) -> u64 {
+        self.upstream
+            .iter()
+            .map(StoreCounts::requests)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The most bytes one relay moves upstream.
+    pub fn max_upstream_bytes(&self) -> u64 {
+        self.upstream
+            .iter()
+            .map(StoreCounts::bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The most requests one relay receives from its ranks.
+    pub fn max_local_requests(&self) -> u64 {
+        self.local
+            .iter()
+            .map(StoreCounts::requests)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Simulates the store traffic of building the collection `name` over `layout` on every rank, with each node of
+/// `ranks_per_node` consecutive ranks reaching the central store through its relay. Counts requests only (no
+/// store is run), so it goes to a million ranks in seconds; [`simulate_store_cost`] runs the same requests
+/// through a store and is checked against real builds.
+pub fn simulate_relay_cost(
+    name: &str,
+    layout: &ParallelLayout,
+    all_gather_groups: bool,
+    ranks_per_node: usize,
+) -> Result<RelayCostReport, CollectionError> {
+    if ranks_per_node == 0 {
+        return Err(CollectionError::Invalid {
+            collection: name.to_owned(),
+            what: "ranks_per_node=0: a node holds at least one rank".into(),
+        });
+    }
+    let world = layout.world();
+    let offset = layout.ranks().start;
+    let nodes = world.div_ceil(ranks_per_node);
+    let mut local = vec![StoreCounts::default(); nodes];
+    let mut upstream = vec![StoreCounts::default(); nodes];
+    // Per group: the (node, key) pairs already fetched upstream, so later identical gets share the call.
+    let mut fetched: HashSet<(usize, usize)> = HashSet::new();
+    replay(name, layout, all_gather_groups, |_, requests| {
+        fetched.clear();
+        // Gets of one key are identical requests: number the group's distinct keys to tell them apart cheaply.
+        let mut keys: Vec<&Key> = Vec::new();
+        for request in requests {
+            let node = (request.rank - offset) / ranks_per_node;
+            let key_len = request.key.encoded_len() as u64;
+            let shared = match &request.op {
+                Op::Get(_) => {
+                    let id = keys
+                        .iter()
+                        .position(|k| **k == request.key)
+                        .unwrap_or_else(|| {
+                            keys.push(&request.key);
+                            keys.len() - 1
+                        });
+                    !fetched.insert((node, id))
+                }
+                Op::Set(_) | Op::Add => false,
+            };
+            for (counts, counted) in [(&mut local[node], true), (&mut upstream[node], !shared)] {
+                if !counted {
+                    continue;
+                }
+                counts.bytes_sent += key_len;
+                match &request.op {
+                    Op::Set(value) => {
+                        counts.sets += 1;
+                        counts.bytes_sent += value.len() as u64;
+                    }
+                    Op::Get(len) => {
+                        counts.gets += 1;
+                        counts.bytes_received += *len as u64;
+                    }
+                    Op::Add => {
+                        // An 8-byte delta out, the 8-byte counter back, as a counting store reckons it.
+                        counts.adds += 1;
+                        counts.bytes_sent += 8;
+                        counts.bytes_received += 8;
+                    }
+                }
+            }
+        }
+        Ok(())
+    })?;
+    Ok(RelayCostReport {
         world,
-        per_rank: ranks.iter().map(CountingStore::counts).collect(),
-        groups_per_rank,
+        ranks_per_node,
+        local,
+        upstream,
     })
 }
 
@@ -189,6 +370,41 @@ fn membership_of(
 mod tests {
     use super::*;
     use hypercomm_grid::layout::LayoutConfig;
+
+    #[test]
+    fn relays_forward_every_rank_request_except_shared_gets() {
+        let layout = LayoutConfig::new(256)
+            .tp(8)
+            .pp(2)
+            .cp(2)
+            .ep(2)
+            .build()
+            .unwrap();
+        let direct = simulate_store_cost("sim", &layout, true).unwrap();
+        let relayed = simulate_relay_cost("sim", &layout, true, 8).unwrap();
+        assert_eq!(relayed.nodes(), 32);
+        // What each relay receives is exactly what its ranks send (checked against the store-run simulation).
+        for (node, local) in relayed.local.iter().enumerate() {
+            let ranks = &direct.per_rank[node * 8..node * 8 + 8];
+            let requests: u64 = ranks.iter().map(StoreCounts::requests).sum();
+            let bytes: u64 = ranks.iter().map(StoreCounts::bytes).sum();
+            assert_eq!(
+                (local.requests(), local.bytes()),
+                (requests, bytes),
+                "node {node}"
+            );
+        }
+        // Upstream, writes and adds pass one for one; gets shrink (tp 8 fills a node: its gets become one each).
+        for (local, upstream) in relayed.local.iter().zip(&relayed.upstream) {
+            assert_eq!((upstream.sets, upstream.adds), (local.sets, local.adds));
+            assert!(upstream.gets < local.gets, "{upstream:?} vs {local:?}");
+        }
+        assert!(relayed.central_requests() < relayed.direct_requests());
+        // One rank per node: nothing to share, the relays forward everything.
+        let alone = simulate_relay_cost("sim", &layout, true, 1).unwrap();
+        assert_eq!(alone.central_requests(), alone.direct_requests());
+        assert!(simulate_relay_cost("sim", &layout, true, 0).is_err());
+    }
 
     #[test]
     fn per_rank_cost_does_not_grow_with_the_world() {

@@ -29,6 +29,10 @@ pub struct Args {
     /// Seconds the other ranks get after one fails, and again between SIGTERM and SIGKILL.
     #[arg(long, default_value_t = 5.0)]
     grace_secs: f64,
+    /// Reach the store through a relay on this node (`on`), or directly (`off`). By default a job of several
+    /// nodes uses a relay on each node and a single node does not.
+    #[arg(long, value_parser = ["on", "off"])]
+    relay: Option<String>,
     /// Stop the whole job after this many seconds.
     #[arg(long)]
     timeout_secs: Option<f64>,
@@ -59,6 +63,9 @@ pub fn run(args: Args) -> Result<(), CliError> {
         .grace(seconds("grace-secs", args.grace_secs)?)
         .secret(secret)
         .forward_signals(true);
+    if let Some(relay) = &args.relay {
+        launcher = launcher.relay(relay == "on");
+    }
     if let Some(t) = args.timeout_secs {
         launcher = launcher.timeout(seconds("timeout-secs", t)?);
     }

@@ -18,9 +18,10 @@ pub struct Args {
     /// Largest frame accepted, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
     max_frame: u32,
-    /// Connections served at once.
-    #[arg(long, default_value_t = 4096)]
-    max_connections: usize,
+    /// Connections served at once. Without it, the open-file limit (`ulimit -n`) is the only limit, and a client
+    /// refused for it is told the limit.
+    #[arg(long)]
+    max_connections: Option<usize>,
     /// Stop after this many seconds instead of running until SIGINT or SIGTERM.
     #[arg(long)]
     duration_secs: Option<u64>,
@@ -35,7 +36,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let options = ServerOptions {
         secret,
         max_frame: args.max_frame,
-        max_connections: args.max_connections,
+        max_connections: args.max_connections.unwrap_or(usize::MAX),
         ..ServerOptions::default()
     };
     let mut signals = signal_hook::iterator::Signals::new([
@@ -47,6 +48,13 @@ pub fn run(args: Args) -> Result<(), CliError> {
         .map_err(|e| CliError::Failed(e.to_string()))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "hypercomm store listening on {}", server.local_addr())?;
+    let open_files = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    if let (Some(limit), None) = (open_files, args.max_connections) {
+        // Each client holds one descriptor; the server keeps a handful for itself.
+        eprintln!(
+            "hypercomm store: up to about {limit} connections (the open-file limit, ulimit -n)"
+        );
+    }
     out.flush()?;
     drop(out);
     let deadline = args

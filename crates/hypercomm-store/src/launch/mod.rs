@@ -5,6 +5,10 @@
 //! `[rank K] `, and watches the ranks: when one fails it gives the others a grace period to finish, then sends
 //! SIGTERM, then SIGKILL, and returns a [`LaunchReport`] naming the rank that failed and how.
 //!
+//! On a job of several nodes the launcher also runs the node's [`StoreRelay`]: the ranks reach the store
+//! through it (it is named in `HYPERCOMM_STORE_RELAY`), so the central store sees a few connections per node, and
+//! identical waits of the node's ranks become one upstream wait. [`Launcher::relay`] turns it on or off.
+//!
 //! Each rank runs in its own process group, so stopping a rank also stops anything it started, and a Ctrl-C at
 //! the terminal reaches only the launcher, which forwards it (with [`Launcher::forward_signals`]) exactly once.
 //! Ranks are also set to receive SIGKILL if the launcher dies, so a killed launcher leaves no orphans.
@@ -48,7 +52,10 @@ pub use report::{Exit, LaunchReport, RankOutcome, signal_name};
 
 use crate::StoreAddr;
 use crate::secret::{SECRET_ENV, Secret, SecretError};
-use crate::tcp::{ServerError, ServerOptions, TcpStoreServer};
+use crate::tcp::{
+    ClientOptions, RELAY_ADDR_ENV, RelayError, ServerError, ServerOptions, StoreRelay,
+    TcpStoreServer,
+};
 use output::{Sink, Stream, pump};
 
 /// How often the launcher checks its ranks and pending signals.
@@ -66,6 +73,9 @@ pub enum LaunchError {
     /// The store server could not start.
     #[error(transparent)]
     Store(#[from] ServerError),
+    /// The node's store relay could not start.
+    #[error(transparent)]
+    Relay(#[from] RelayError),
     /// The shared secret could not be made.
     #[error(transparent)]
     Secret(#[from] SecretError),
@@ -101,6 +111,7 @@ pub struct Launcher {
     echo: bool,
     capture: bool,
     secret: Option<Secret>,
+    relay: Option<bool>,
     env: Vec<(OsString, OsString)>,
 }
 
@@ -122,6 +133,7 @@ impl Launcher {
             echo: true,
             capture: false,
             secret: None,
+            relay: None,
             env: Vec::new(),
         }
     }
@@ -224,6 +236,15 @@ impl Launcher {
         self
     }
 
+    /// Whether this node's ranks reach the store through a relay run by the launcher ([`StoreRelay`]). By default
+    /// a job of several nodes uses one and a single node does not (its ranks are as close to the store as the
+    /// relay would be).
+    #[must_use]
+    pub fn relay(mut self, on: bool) -> Self {
+        self.relay = Some(on);
+        self
+    }
+
     /// Sets an extra environment variable for every rank.
     #[must_use]
     pub fn env(mut self, name: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
@@ -297,6 +318,27 @@ impl Launcher {
                 .as_ref()
                 .map_or(self.master_port, |s| s.local_addr().port()),
         };
+        let relay = if self.relay.unwrap_or(self.nnodes > 1) {
+            let options = ServerOptions {
+                secret: secret.clone(),
+                ..ServerOptions::default()
+            };
+            let upstream = ClientOptions::default().with_secret(secret.clone());
+            let relay = StoreRelay::start(
+                "127.0.0.1:0",
+                store_addr.to_string(),
+                self.node_rank,
+                options,
+                upstream,
+            )?;
+            Some(relay)
+        } else {
+            None
+        };
+        let relay_addr = relay.as_ref().map(|r| StoreAddr {
+            host: r.local_addr().ip().to_string(),
+            port: r.local_addr().port(),
+        });
         let signals = if self.forward_signals {
             Some(
                 signal_hook::iterator::Signals::new([
@@ -308,12 +350,13 @@ impl Launcher {
         } else {
             None
         };
-        let mut job = Job::start(self, &store_addr, secret.as_ref())?;
+        let mut job = Job::start(self, &store_addr, relay_addr.as_ref(), secret.as_ref())?;
         let result = job.watch(self, signals);
         if let Some(signals) = &result.signals {
             signals.handle().close();
         }
         let ranks = job.finish();
+        drop(relay);
         drop(server);
         Ok(LaunchReport {
             ranks,
@@ -367,6 +410,7 @@ impl Job {
     fn start(
         launcher: &Launcher,
         store_addr: &StoreAddr,
+        relay_addr: Option<&StoreAddr>,
         secret: Option<&Secret>,
     ) -> Result<Job, LaunchError> {
         let (done_tx, pumps_done) = mpsc::channel();
@@ -395,6 +439,10 @@ impl Job {
             match secret {
                 Some(secret) => cmd.env(SECRET_ENV, OsStr::from_bytes(secret.expose())),
                 None => cmd.env_remove(SECRET_ENV),
+            };
+            match relay_addr {
+                Some(relay) => cmd.env(RELAY_ADDR_ENV, relay.to_string()),
+                None => cmd.env_remove(RELAY_ADDR_ENV),
             };
             // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe calls are
             // allowed. It makes one prctl(PR_SET_PDEATHSIG) system call through rustix's raw-syscall backend,

@@ -9,6 +9,11 @@
 //! - With a [`Secret`](crate::Secret) the server demands a challenge-response before serving a connection, and the
 //!   client checks that the server holds the same secret.
 //! - A malformed, truncated or oversized frame closes only the connection that sent it.
+//! - The server is event-driven: one thread serves every connection, and a `get` or `wait` for a key not yet
+//!   written costs a registration, not a thread. Its connection limit is the open-file limit, which a refused
+//!   client is told.
+//! - A [`StoreRelay`] on each node serves that node's ranks and forwards to the central store over a few
+//!   connections, folding identical waits into one.
 //!
 //! ```
 //! use std::time::Duration;
@@ -22,9 +27,18 @@
 //! ```
 
 mod client;
+mod connection;
+mod dispatch;
+mod event_loop;
+mod relay;
+mod requests;
 mod server;
+mod table;
+mod upstream;
 
 pub use client::{ClientOptions, TcpStore};
+pub(crate) use relay::NodeRelay;
+pub use relay::{RELAY_ADDR_ENV, RelayError, StoreRelay};
 pub use server::{ServerError, ServerOptions, TcpStoreServer};
 
 #[cfg(test)]

@@ -296,3 +296,148 @@ fn frames_over_the_default_limit_are_refused_by_write() {
     assert!(write_frame(&mut out, &frame, DEFAULT_MAX_FRAME).is_ok());
     assert!(write_frame(&mut Vec::new(), &frame, 4).is_err());
 }
+
+/// A raw connection that has completed the handshake with a server that has no secret.
+fn raw_welcomed(server: &TcpStoreServer) -> TcpStream {
+    let mut raw = TcpStream::connect(server.local_addr()).unwrap();
+    raw.set_read_timeout(Some(LONG)).unwrap();
+    assert!(matches!(
+        crate::frame::read_frame(&mut raw, DEFAULT_MAX_FRAME).unwrap(),
+        Frame::Hello { .. }
+    ));
+    write_frame(
+        &mut raw,
+        &Frame::Auth {
+            version: crate::frame::PROTOCOL_VERSION,
+            nonce: [7; 32],
+            mac: None,
+        },
+        DEFAULT_MAX_FRAME,
+    )
+    .unwrap();
+    assert_eq!(
+        crate::frame::read_frame(&mut raw, DEFAULT_MAX_FRAME).unwrap(),
+        Frame::Welcome { mac: None }
+    );
+    raw
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order_even_behind_a_waiting_get() {
+    let server = server();
+    let mut raw = raw_welcomed(&server);
+    // One write carrying three requests: a get that must wait, a set and a count. The set and the count run only
+    // once the get is answered, and the replies come back in request order.
+    let mut wire = Vec::new();
+    for frame in [
+        Frame::Get {
+            key: Key::new("later"),
+            timeout: LONG,
+        },
+        Frame::Set {
+            key: Key::new("other"),
+            value: b"x".to_vec(),
+        },
+        Frame::NumKeys,
+    ] {
+        write_frame(&mut wire, &frame, DEFAULT_MAX_FRAME).unwrap();
+    }
+    raw.write_all(&wire).unwrap();
+    let deadline = std::time::Instant::now() + LONG;
+    while server.waiting() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the get never parked");
+        thread::sleep(Duration::from_millis(5));
+    }
+    // The set behind the parked get has not run yet.
+    assert_eq!(client(&server).try_get(&Key::new("other")).unwrap(), None);
+    client(&server).set(&Key::new("later"), b"now").unwrap();
+    let read = |raw: &mut TcpStream| crate::frame::read_frame(raw, DEFAULT_MAX_FRAME).unwrap();
+    assert_eq!(read(&mut raw), Frame::Value(Some(b"now".to_vec())));
+    assert_eq!(read(&mut raw), Frame::Done);
+    assert_eq!(read(&mut raw), Frame::Count(2));
+    // The count is published at the end of the loop's turn, which may come just after the replies.
+    while server.waiting() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the get stayed parked"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn idle_and_silent_connections_are_closed_at_their_deadlines() {
+    let server = TcpStore::server(
+        "127.0.0.1:0",
+        ServerOptions {
+            idle_timeout: Duration::from_millis(200),
+            handshake_timeout: Duration::from_millis(200),
+            ..ServerOptions::default()
+        },
+    )
+    .unwrap();
+    let c = client(&server);
+    // A raw client that reads the hello and never answers it.
+    let mut silent = TcpStream::connect(server.local_addr()).unwrap();
+    silent.set_read_timeout(Some(LONG)).unwrap();
+    let mut sink = Vec::new();
+    assert!(
+        silent.read_to_end(&mut sink).is_ok(),
+        "closed, not timed out"
+    );
+    assert!(!sink.is_empty(), "the hello came first");
+    let deadline = std::time::Instant::now() + LONG;
+    while server.connections() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idle connection never closed"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    // The client reopens its closed connection without the caller noticing.
+    c.set(&Key::new("after idle"), b"1").unwrap();
+    assert_eq!(c.try_get(&Key::new("after idle")).unwrap().unwrap(), b"1");
+}
+
+#[test]
+fn a_waiting_get_from_a_client_that_went_away_is_forgotten() {
+    let server = server();
+    let mut raw = raw_welcomed(&server);
+    write_frame(
+        &mut raw,
+        &Frame::Get {
+            key: Key::new("never"),
+            timeout: LONG,
+        },
+        DEFAULT_MAX_FRAME,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + LONG;
+    while server.waiting() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the get never parked");
+        thread::sleep(Duration::from_millis(5));
+    }
+    drop(raw);
+    while server.waiting() > 0 || server.connections() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter outlived its client"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn replies_larger_than_the_socket_buffer_go_out_in_pieces() {
+    let server = server();
+    let a = client(&server);
+    let b = client(&server);
+    // Several megabytes: the server's first write takes only part, and the rest waits for writability.
+    let big: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+    a.set(&Key::new("big"), &big).unwrap();
+    for _ in 0..3 {
+        assert_eq!(b.get(&Key::new("big"), LONG).unwrap(), big);
+    }
+    // The connection is still served normally afterwards.
+    assert_eq!(b.num_keys().unwrap(), 1);
+}
