@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hypercomm::comm::device::{DeviceRuntime, Gpu, Placed, ProcessGroup, bench::placement};
-use hypercomm::comm::{CommError, CommOptions, ReduceOp};
+use hypercomm::comm::{CommError, CommOptions, NcclOptions, ReduceOp};
 use hypercomm::store::MemoryStore;
 
 const RANKS: usize = 2;
@@ -42,7 +42,10 @@ fn rank_main(
     let options = CommOptions {
         timeout: Duration::from_secs(30),
         // An NCCL knob: the host half drops it, the device half applies it (or refuses it by name).
-        max_ctas: Some(4),
+        nccl: NcclOptions {
+            max_ctas: Some(4),
+            ..NcclOptions::default()
+        },
         ..CommOptions::named("tp")
     };
     let group = ProcessGroup::connect(gpu.clone(), store, (0..RANKS).collect(), me, options)?;

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use comm_support::*;
-use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, NcclOptions, ReduceOp};
 use hypercomm::store::MemoryStore;
 
 fn both_transports(test: impl Fn(bool)) {
@@ -172,7 +172,10 @@ fn wrong_lengths_and_bad_roots_fail_before_anything_is_sent() {
 fn unsupported_options_are_rejected_by_name() {
     let store = Arc::new(MemoryStore::new());
     let opts = CommOptions {
-        cga_cluster_size: Some(4),
+        nccl: NcclOptions {
+            cga_cluster_size: Some(4),
+            ..NcclOptions::default()
+        },
         ..CommOptions::named("knobs")
     };
     match Communicator::world(BackendKind::Host, store, 1, 0, opts) {

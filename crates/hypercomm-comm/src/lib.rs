@@ -24,6 +24,7 @@ pub mod device;
 mod element;
 mod error;
 mod failure;
+mod nccl_options;
 mod options;
 mod reduce;
 mod shrink;
@@ -32,6 +33,7 @@ mod work;
 pub use communicator::{Communicator, InOut};
 pub use element::{DType, Element, ReduceOp, as_bytes, as_bytes_mut};
 pub use error::CommError;
+pub use nccl_options::NcclOptions;
 pub use options::{Algorithm, BackendKind, CommOptions};
 pub use work::Work;
 

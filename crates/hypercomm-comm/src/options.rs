@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::CommError;
+use crate::{CommError, NcclOptions};
 
 /// Which backend runs a communicator's collectives. Named once, at construction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -37,7 +37,7 @@ pub enum Algorithm {
 
 /// Options for a communicator.
 ///
-/// The NCCL knobs (`high_priority_stream` through `traffic_class`) are `None` by default. A backend honours each
+/// The NCCL knobs (`nccl`, an [`NcclOptions`]) are unset by default. A backend honours each
 /// one that is set or fails construction with [`CommError::UnsupportedOption`] naming it: no option is dropped
 /// silently. The host backend honours none of them.
 ///
@@ -64,22 +64,8 @@ pub struct CommOptions {
     /// Host backend: bytes of staging area per rank and round (default 1 MiB); large messages are pipelined
     /// through it in pieces.
     pub scratch_bytes: Option<usize>,
-    /// NCCL: run on a high-priority CUDA stream.
-    pub high_priority_stream: Option<bool>,
-    /// NCCL: CGA cluster size (`NCCL_CGA_CLUSTER_SIZE`).
-    pub cga_cluster_size: Option<u32>,
-    /// NCCL: minimum CTAs per collective.
-    pub min_ctas: Option<u32>,
-    /// NCCL: maximum CTAs per collective.
-    pub max_ctas: Option<u32>,
-    /// NCCL: network plugin name.
-    pub net_name: Option<String>,
-    /// NCCL: blocking (`true`) or non-blocking communicator calls.
-    pub blocking: Option<bool>,
-    /// NCCL: share resources with the parent on split.
-    pub split_share: Option<bool>,
-    /// NCCL: IB traffic class.
-    pub traffic_class: Option<u32>,
+    /// NCCL's knobs: honoured by the NCCL backend, refused by the host backend when set.
+    pub nccl: NcclOptions,
 }
 
 impl Default for CommOptions {
@@ -98,48 +84,20 @@ impl CommOptions {
             host_addr: None,
             algorithm: Algorithm::Auto,
             scratch_bytes: None,
-            high_priority_stream: None,
-            cga_cluster_size: None,
-            min_ctas: None,
-            max_ctas: None,
-            net_name: None,
-            blocking: None,
-            split_share: None,
-            traffic_class: None,
+            nccl: NcclOptions::default(),
         }
     }
 
     /// The names of the NCCL-only knobs that are set, in field order.
     pub fn nccl_knobs_set(&self) -> Vec<&'static str> {
-        let mut set = Vec::new();
-        let mut note = |on: bool, name| {
-            if on {
-                set.push(name)
-            }
-        };
-        note(self.high_priority_stream.is_some(), "high_priority_stream");
-        note(self.cga_cluster_size.is_some(), "cga_cluster_size");
-        note(self.min_ctas.is_some(), "min_ctas");
-        note(self.max_ctas.is_some(), "max_ctas");
-        note(self.net_name.is_some(), "net_name");
-        note(self.blocking.is_some(), "blocking");
-        note(self.split_share.is_some(), "split_share");
-        note(self.traffic_class.is_some(), "traffic_class");
-        set
+        self.nccl.set()
     }
 
     /// These options with every NCCL knob unset: what the host half of a process group gets.
     #[must_use]
     pub fn without_nccl_knobs(&self) -> CommOptions {
         CommOptions {
-            high_priority_stream: None,
-            cga_cluster_size: None,
-            min_ctas: None,
-            max_ctas: None,
-            net_name: None,
-            blocking: None,
-            split_share: None,
-            traffic_class: None,
+            nccl: NcclOptions::default(),
             ..self.clone()
         }
     }
@@ -150,9 +108,10 @@ impl CommOptions {
     /// ```
     /// use hypercomm_comm::CommOptions;
     ///
-    /// let opts = CommOptions { force_tcp: true, max_ctas: Some(8), ..CommOptions::named("tp") };
+    /// let mut opts = CommOptions { force_tcp: true, ..CommOptions::named("tp") };
+    /// opts.nccl.max_ctas = Some(8);
     /// let device = opts.for_device();
-    /// assert_eq!((device.name.as_str(), device.force_tcp, device.max_ctas), ("tp/device", false, Some(8)));
+    /// assert_eq!((device.name.as_str(), device.force_tcp, device.nccl.max_ctas), ("tp/device", false, Some(8)));
     /// ```
     #[must_use]
     pub fn for_device(&self) -> CommOptions {
@@ -197,15 +156,17 @@ mod tests {
     #[test]
     fn without_nccl_knobs_clears_every_knob_and_keeps_the_rest() {
         let all = CommOptions {
-            high_priority_stream: Some(true),
-            cga_cluster_size: Some(2),
-            min_ctas: Some(1),
-            max_ctas: Some(8),
-            net_name: Some("IB".into()),
-            blocking: Some(false),
-            split_share: Some(true),
-            traffic_class: Some(3),
             force_tcp: true,
+            nccl: NcclOptions {
+                high_priority_stream: Some(true),
+                cga_cluster_size: Some(2),
+                min_ctas: Some(1),
+                max_ctas: Some(8),
+                net_name: Some("IB".into()),
+                blocking: Some(false),
+                split_share: Some(true),
+                traffic_class: Some(3),
+            },
             ..CommOptions::named("k")
         };
         assert_eq!(all.nccl_knobs_set().len(), 8);
@@ -221,56 +182,80 @@ mod tests {
             (
                 "high_priority_stream",
                 CommOptions {
-                    high_priority_stream: Some(true),
+                    nccl: NcclOptions {
+                        high_priority_stream: Some(true),
+                        ..NcclOptions::default()
+                    },
                     ..Default::default()
                 },
             ),
             (
                 "cga_cluster_size",
                 CommOptions {
-                    cga_cluster_size: Some(2),
+                    nccl: NcclOptions {
+                        cga_cluster_size: Some(2),
+                        ..NcclOptions::default()
+                    },
                     ..Default::default()
                 },
             ),
             (
                 "min_ctas",
                 CommOptions {
-                    min_ctas: Some(1),
+                    nccl: NcclOptions {
+                        min_ctas: Some(1),
+                        ..NcclOptions::default()
+                    },
                     ..Default::default()
                 },
             ),
             (
                 "max_ctas",
                 CommOptions {
-                    max_ctas: Some(8),
+                    nccl: NcclOptions {
+                        max_ctas: Some(8),
+                        ..NcclOptions::default()
+                    },
                     ..Default::default()
                 },
             ),
             (
                 "net_name",
                 CommOptions {
-                    net_name: Some("IB".into()),
+                    nccl: NcclOptions {
+                        net_name: Some("IB".into()),
+                        ..NcclOptions::default()
+                    },
                     ..Default::default()
                 },
             ),
             (
                 "blocking",
                 CommOptions {
-                    blocking: Some(false),
+                    nccl: NcclOptions {
+                        blocking: Some(false),
+                        ..NcclOptions::default()
+                    },
                     ..Default::default()
                 },
             ),
             (
                 "split_share",
                 CommOptions {
-                    split_share: Some(true),
+                    nccl: NcclOptions {
+                        split_share: Some(true),
+                        ..NcclOptions::default()
+                    },
                     ..Default::default()
                 },
             ),
             (
                 "traffic_class",
                 CommOptions {
-                    traffic_class: Some(3),
+                    nccl: NcclOptions {
+                        traffic_class: Some(3),
+                        ..NcclOptions::default()
+                    },
                     ..Default::default()
                 },
             ),

@@ -14,7 +14,7 @@ use std::time::Duration;
 use hypercomm_comm::bench::BenchOp;
 use hypercomm_comm::device::bench::{DeviceBenchConfig, run as run_bench};
 use hypercomm_comm::device::{DeviceCommunicator, Gpu, Placed, ProcessGroup, StridedLayout};
-use hypercomm_comm::{CommError, CommOptions, ReduceOp};
+use hypercomm_comm::{CommError, CommOptions, NcclOptions, ReduceOp};
 use hypercomm_store::MemoryStore;
 
 use fake_support::{pass_under_fake, runtime};
@@ -212,7 +212,10 @@ fn fake_process_group_routes_by_location() {
         vec![0],
         0,
         CommOptions {
-            max_ctas: Some(4),
+            nccl: NcclOptions {
+                max_ctas: Some(4),
+                ..NcclOptions::default()
+            },
             ..CommOptions::named("pg")
         },
     )
@@ -283,11 +286,14 @@ fn fake_knobs_are_passed_to_nccl() {
     let comm = single(
         &gpu,
         CommOptions {
-            high_priority_stream: Some(true),
-            cga_cluster_size: Some(2),
-            min_ctas: Some(2),
-            max_ctas: Some(8),
-            split_share: Some(true),
+            nccl: NcclOptions {
+                high_priority_stream: Some(true),
+                cga_cluster_size: Some(2),
+                min_ctas: Some(2),
+                max_ctas: Some(8),
+                split_share: Some(true),
+                ..NcclOptions::default()
+            },
             ..CommOptions::named("knobs")
         },
     );
@@ -296,7 +302,10 @@ fn fake_knobs_are_passed_to_nccl() {
             Some(0),
             0,
             CommOptions {
-                blocking: Some(true),
+                nccl: NcclOptions {
+                    blocking: Some(true),
+                    ..NcclOptions::default()
+                },
                 ..CommOptions::named("knobs/child")
             },
         )
@@ -306,7 +315,10 @@ fn fake_knobs_are_passed_to_nccl() {
     let one_bound = single(
         &gpu,
         CommOptions {
-            min_ctas: Some(3),
+            nccl: NcclOptions {
+                min_ctas: Some(3),
+                ..NcclOptions::default()
+            },
             ..CommOptions::named("one-bound")
         },
     );
@@ -343,7 +355,10 @@ fn fake_old_nccl_refuses_what_it_lacks() {
         vec![0],
         0,
         CommOptions {
-            traffic_class: Some(3),
+            nccl: NcclOptions {
+                traffic_class: Some(3),
+                ..NcclOptions::default()
+            },
             ..CommOptions::named("qos")
         },
     )

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use hypercomm_comm::device::{
     DeviceCommunicator, DeviceRuntime, Gpu, Placed, ProcessGroup, StridedLayout,
 };
-use hypercomm_comm::{CommError, CommOptions, ReduceOp};
+use hypercomm_comm::{CommError, CommOptions, NcclOptions, ReduceOp};
 use hypercomm_store::{MemoryStore, Store};
 use nccl_sys::SearchConfig;
 
@@ -175,12 +175,15 @@ fn knobs_are_applied_and_split_works() {
         return;
     };
     let opts = CommOptions {
-        high_priority_stream: Some(true),
-        cga_cluster_size: Some(2),
-        min_ctas: Some(2),
-        max_ctas: Some(8),
-        blocking: Some(false),
-        split_share: Some(true),
+        nccl: NcclOptions {
+            high_priority_stream: Some(true),
+            cga_cluster_size: Some(2),
+            min_ctas: Some(2),
+            max_ctas: Some(8),
+            blocking: Some(false),
+            split_share: Some(true),
+            ..NcclOptions::default()
+        },
         ..CommOptions::named("x")
     };
     let comm = single(&gpu, "knobs", opts);
@@ -443,7 +446,10 @@ fn a_process_group_runs_host_buffers_on_the_host_and_device_buffers_on_nccl() {
         0,
         CommOptions {
             timeout: Duration::from_secs(60),
-            min_ctas: Some(1),
+            nccl: NcclOptions {
+                min_ctas: Some(1),
+                ..NcclOptions::default()
+            },
             ..CommOptions::named("pg")
         },
     )
@@ -476,8 +482,11 @@ fn one_cta_bound_creates_a_working_communicator() {
     };
     for (lo, hi) in [(Some(1), None), (Some(4), None), (None, Some(2))] {
         let opts = CommOptions {
-            min_ctas: lo,
-            max_ctas: hi,
+            nccl: NcclOptions {
+                min_ctas: lo,
+                max_ctas: hi,
+                ..NcclOptions::default()
+            },
             ..CommOptions::named("x")
         };
         let comm = single(&gpu, &format!("ctas-{lo:?}-{hi:?}"), opts);
@@ -501,7 +510,10 @@ fn split_and_shrink_of_a_nonblocking_communicator_give_working_children() {
         &gpu,
         "nb-parent",
         CommOptions {
-            blocking: Some(false),
+            nccl: NcclOptions {
+                blocking: Some(false),
+                ..NcclOptions::default()
+            },
             ..CommOptions::named("x")
         },
     );

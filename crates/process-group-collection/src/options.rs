@@ -21,42 +21,58 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use hypercomm_comm::CommOptions;
+use hypercomm_comm::{CommOptions, NcclOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::CollectionError;
 
-/// The options one group kind's communicators get. Unset fields keep the collection's defaults.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The options one group kind's communicators get: a timeout and NCCL's knobs, under the knobs' own names (see
+/// [`NcclOptions`]). Unset fields keep the collection's defaults; a key that is neither is an error naming it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct GroupOptionSet {
     /// Timeout of every wait on the group's communicators, in seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<f64>,
-    /// NCCL: run on a high-priority CUDA stream.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub high_priority_stream: Option<bool>,
-    /// NCCL: CGA cluster size.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cga_cluster_size: Option<u32>,
-    /// NCCL: minimum CTAs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_ctas: Option<u32>,
-    /// NCCL: maximum CTAs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_ctas: Option<u32>,
-    /// NCCL: network plugin name.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub net_name: Option<String>,
-    /// NCCL: blocking communicator calls.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub blocking: Option<bool>,
-    /// NCCL: share resources with the parent on split.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub split_share: Option<bool>,
-    /// NCCL: IB traffic class.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub traffic_class: Option<u32>,
+    /// NCCL's knobs for the group's NCCL communicators (refused when the collection has no GPU).
+    #[serde(flatten)]
+    pub nccl: NcclOptions,
+}
+
+/// Deserialized by hand: serde's `flatten` would let unknown keys through (it cannot be combined with
+/// `deny_unknown_fields`), and an options file must never drop an option silently.
+impl<'de> Deserialize<'de> for GroupOptionSet {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = GroupOptionSet;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of options: timeout_secs and nccl knobs")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut timeout_secs = None;
+                let mut knobs = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "timeout_secs" {
+                        timeout_secs = Some(map.next_value::<f64>()?);
+                    } else if NcclOptions::NAMES.contains(&key.as_str()) {
+                        knobs.insert(key, map.next_value::<serde_json::Value>()?);
+                    } else {
+                        return Err(serde::de::Error::custom(format!(
+                            "unknown field `{key}`, expected timeout_secs or one of {}",
+                            NcclOptions::NAMES.join(", ")
+                        )));
+                    }
+                }
+                let nccl = serde_json::from_value(serde_json::Value::Object(knobs))
+                    .map_err(serde::de::Error::custom)?;
+                Ok(GroupOptionSet { timeout_secs, nccl })
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
 }
 
 impl GroupOptionSet {
@@ -72,23 +88,7 @@ impl GroupOptionSet {
                     ))
                 })?;
         }
-        macro_rules! copy {
-            ($($field:ident),*) => {$(
-                if let Some(value) = &self.$field {
-                    base.$field = Some(value.clone());
-                }
-            )*};
-        }
-        copy!(
-            high_priority_stream,
-            cga_cluster_size,
-            min_ctas,
-            max_ctas,
-            net_name,
-            blocking,
-            split_share,
-            traffic_class
-        );
+        base.nccl.overlay(&self.nccl);
         Ok(base)
     }
 }
@@ -184,14 +184,14 @@ mod tests {
             .apply(CommOptions::named("x"))
             .unwrap();
         assert_eq!(dp_cp.timeout, Duration::from_millis(2500));
-        assert_eq!(dp_cp.high_priority_stream, Some(true));
-        assert_eq!(dp_cp.max_ctas, None);
+        assert_eq!(dp_cp.nccl.high_priority_stream, Some(true));
+        assert_eq!(dp_cp.nccl.max_ctas, None);
         let tp = opts
             .get("tp")
             .unwrap()
             .apply(CommOptions::named("y"))
             .unwrap();
-        assert_eq!(tp.max_ctas, Some(16));
+        assert_eq!(tp.nccl.max_ctas, Some(16));
         assert!(opts.check_kinds(["tp", "dp_cp", "pp"]).is_ok());
     }
 

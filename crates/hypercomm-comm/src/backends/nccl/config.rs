@@ -142,14 +142,14 @@ pub(crate) fn translate(options: &CommOptions, loaded: Version) -> Result<NcclSe
     };
 
     let configs = loaded >= ConfigField::Blocking.introduced();
-    let blocking = match options.blocking {
+    let blocking = match options.nccl.blocking {
         Some(b) => {
             needs("blocking", ConfigField::Blocking, loaded)?;
             Some(b)
         }
         None => configs.then_some(false),
     };
-    let cga_cluster_size = match options.cga_cluster_size {
+    let cga_cluster_size = match options.nccl.cga_cluster_size {
         Some(v) => {
             needs("cga_cluster_size", ConfigField::CgaClusterSize, loaded)?;
             if v > MAX_CGA_CLUSTER_SIZE {
@@ -174,8 +174,8 @@ pub(crate) fn translate(options: &CommOptions, loaded: Version) -> Result<NcclSe
         }
         to_int(option, v).map(Some)
     };
-    let min_ctas = ctas("min_ctas", ConfigField::MinCtas, options.min_ctas)?;
-    let max_ctas = ctas("max_ctas", ConfigField::MaxCtas, options.max_ctas)?;
+    let min_ctas = ctas("min_ctas", ConfigField::MinCtas, options.nccl.min_ctas)?;
+    let max_ctas = ctas("max_ctas", ConfigField::MaxCtas, options.nccl.max_ctas)?;
     // NCCL refuses a config with one bound set and the other unset (see the module doc): fill in its default.
     let (min_ctas, max_ctas) = match (min_ctas, max_ctas) {
         (Some(lo), None) => (Some(lo), Some(MAX_CTAS as c_int)),
@@ -189,7 +189,7 @@ pub(crate) fn translate(options: &CommOptions, loaded: Version) -> Result<NcclSe
             "min_ctas={lo} exceeds max_ctas={hi}; min_ctas must not exceed max_ctas"
         )));
     }
-    let net_name = match &options.net_name {
+    let net_name = match &options.nccl.net_name {
         Some(n) => {
             needs("net_name", ConfigField::NetName, loaded)?;
             Some(CString::new(n.as_str()).map_err(|_| {
@@ -200,14 +200,14 @@ pub(crate) fn translate(options: &CommOptions, loaded: Version) -> Result<NcclSe
         }
         None => None,
     };
-    let split_share = match options.split_share {
+    let split_share = match options.nccl.split_share {
         Some(b) => {
             needs("split_share", ConfigField::SplitShare, loaded)?;
             Some(c_int::from(b))
         }
         None => None,
     };
-    let traffic_class = match options.traffic_class {
+    let traffic_class = match options.nccl.traffic_class {
         Some(v) => {
             needs("traffic_class", ConfigField::TrafficClass, loaded)?;
             Some(to_int("traffic_class", v)?)
@@ -224,7 +224,7 @@ pub(crate) fn translate(options: &CommOptions, loaded: Version) -> Result<NcclSe
     } else {
         None
     };
-    let stream_priority = match options.high_priority_stream {
+    let stream_priority = match options.nccl.high_priority_stream {
         Some(true) => StreamPriority::Highest,
         Some(false) | None => StreamPriority::Default,
     };
@@ -244,6 +244,7 @@ pub(crate) fn translate(options: &CommOptions, loaded: Version) -> Result<NcclSe
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::NcclOptions;
     use nccl_sys::config::CONFIG_UNDEF_INT;
     use std::ffi::CStr;
 
@@ -251,14 +252,16 @@ mod tests {
 
     fn all_knobs() -> CommOptions {
         CommOptions {
-            high_priority_stream: Some(true),
-            cga_cluster_size: Some(2),
-            min_ctas: Some(4),
-            max_ctas: Some(16),
-            net_name: Some("IB".into()),
-            blocking: Some(true),
-            split_share: Some(true),
-            traffic_class: Some(106),
+            nccl: NcclOptions {
+                high_priority_stream: Some(true),
+                cga_cluster_size: Some(2),
+                min_ctas: Some(4),
+                max_ctas: Some(16),
+                net_name: Some("IB".into()),
+                blocking: Some(true),
+                split_share: Some(true),
+                traffic_class: Some(106),
+            },
             ..CommOptions::named("tp")
         }
     }
@@ -312,7 +315,10 @@ mod tests {
             (
                 "blocking",
                 CommOptions {
-                    blocking: Some(false),
+                    nccl: NcclOptions {
+                        blocking: Some(false),
+                        ..NcclOptions::default()
+                    },
                     ..CommOptions::named("c")
                 },
                 Version::new(2, 13, 4),
@@ -320,7 +326,10 @@ mod tests {
             (
                 "cga_cluster_size",
                 CommOptions {
-                    cga_cluster_size: Some(4),
+                    nccl: NcclOptions {
+                        cga_cluster_size: Some(4),
+                        ..NcclOptions::default()
+                    },
                     ..CommOptions::named("c")
                 },
                 Version::new(2, 16, 5),
@@ -328,7 +337,10 @@ mod tests {
             (
                 "min_ctas",
                 CommOptions {
-                    min_ctas: Some(1),
+                    nccl: NcclOptions {
+                        min_ctas: Some(1),
+                        ..NcclOptions::default()
+                    },
                     ..CommOptions::named("c")
                 },
                 Version::new(2, 16, 5),
@@ -336,7 +348,10 @@ mod tests {
             (
                 "max_ctas",
                 CommOptions {
-                    max_ctas: Some(8),
+                    nccl: NcclOptions {
+                        max_ctas: Some(8),
+                        ..NcclOptions::default()
+                    },
                     ..CommOptions::named("c")
                 },
                 Version::new(2, 16, 5),
@@ -344,7 +359,10 @@ mod tests {
             (
                 "net_name",
                 CommOptions {
-                    net_name: Some("Socket".into()),
+                    nccl: NcclOptions {
+                        net_name: Some("Socket".into()),
+                        ..NcclOptions::default()
+                    },
                     ..CommOptions::named("c")
                 },
                 Version::new(2, 16, 5),
@@ -352,7 +370,10 @@ mod tests {
             (
                 "split_share",
                 CommOptions {
-                    split_share: Some(true),
+                    nccl: NcclOptions {
+                        split_share: Some(true),
+                        ..NcclOptions::default()
+                    },
                     ..CommOptions::named("c")
                 },
                 Version::new(2, 17, 1),
@@ -360,7 +381,10 @@ mod tests {
             (
                 "traffic_class",
                 CommOptions {
-                    traffic_class: Some(3),
+                    nccl: NcclOptions {
+                        traffic_class: Some(3),
+                        ..NcclOptions::default()
+                    },
                     ..CommOptions::named("c")
                 },
                 Version::new(2, 24, 3),
@@ -407,7 +431,10 @@ mod tests {
         assert_eq!(s.comm_name, None, "commName arrives in 2.27");
         // The priority is a stream property: honoured on any release.
         let hp = CommOptions {
-            high_priority_stream: Some(true),
+            nccl: NcclOptions {
+                high_priority_stream: Some(true),
+                ..NcclOptions::default()
+            },
             ..CommOptions::named("hp")
         };
         assert_eq!(
@@ -459,13 +486,19 @@ mod tests {
         // NCCL 2.28 and 2.30 refuse minCTAs=1 with maxCTAs unset ("Invalid config min/max channels attribute
         // value 1/-2147483648"): the unset bound must never reach it.
         let only_min = CommOptions {
-            min_ctas: Some(1),
+            nccl: NcclOptions {
+                min_ctas: Some(1),
+                ..NcclOptions::default()
+            },
             ..CommOptions::named("c")
         };
         let c = translate(&only_min, NEW).unwrap().raw();
         assert_eq!((c.minCTAs, c.maxCTAs), (1, 64));
         let only_max = CommOptions {
-            max_ctas: Some(4),
+            nccl: NcclOptions {
+                max_ctas: Some(4),
+                ..NcclOptions::default()
+            },
             ..CommOptions::named("c")
         };
         let c = translate(&only_max, NEW).unwrap().raw();
@@ -473,8 +506,11 @@ mod tests {
         for (lo, hi) in [(Some(64), None), (None, Some(1)), (Some(3), Some(3))] {
             let c = translate(
                 &CommOptions {
-                    min_ctas: lo,
-                    max_ctas: hi,
+                    nccl: NcclOptions {
+                        min_ctas: lo,
+                        max_ctas: hi,
+                        ..NcclOptions::default()
+                    },
                     ..CommOptions::named("c")
                 },
                 NEW,
@@ -490,7 +526,10 @@ mod tests {
         }
         let e = translate(
             &CommOptions {
-                min_ctas: Some(65),
+                nccl: NcclOptions {
+                    min_ctas: Some(65),
+                    ..NcclOptions::default()
+                },
                 ..CommOptions::named("c")
             },
             NEW,
@@ -507,7 +546,10 @@ mod tests {
     fn out_of_range_values_name_the_value_and_rule() {
         let e = translate(
             &CommOptions {
-                cga_cluster_size: Some(9),
+                nccl: NcclOptions {
+                    cga_cluster_size: Some(9),
+                    ..NcclOptions::default()
+                },
                 ..CommOptions::named("c")
             },
             NEW,
@@ -520,8 +562,11 @@ mod tests {
         );
         let e = translate(
             &CommOptions {
-                min_ctas: Some(8),
-                max_ctas: Some(2),
+                nccl: NcclOptions {
+                    min_ctas: Some(8),
+                    max_ctas: Some(2),
+                    ..NcclOptions::default()
+                },
                 ..CommOptions::named("c")
             },
             NEW,
@@ -531,7 +576,10 @@ mod tests {
         assert!(e.contains("min_ctas=8 exceeds max_ctas=2"), "{e}");
         let e = translate(
             &CommOptions {
-                max_ctas: Some(0),
+                nccl: NcclOptions {
+                    max_ctas: Some(0),
+                    ..NcclOptions::default()
+                },
                 ..CommOptions::named("c")
             },
             NEW,
@@ -541,7 +589,10 @@ mod tests {
         assert!(e.contains("max_ctas=0 must be at least 1"), "{e}");
         let e = translate(
             &CommOptions {
-                traffic_class: Some(u32::MAX),
+                nccl: NcclOptions {
+                    traffic_class: Some(u32::MAX),
+                    ..NcclOptions::default()
+                },
                 ..CommOptions::named("c")
             },
             NEW,
@@ -551,7 +602,10 @@ mod tests {
         assert!(e.contains("traffic_class=4294967295 does not fit"), "{e}");
         let e = translate(
             &CommOptions {
-                net_name: Some("a\0b".into()),
+                nccl: NcclOptions {
+                    net_name: Some("a\0b".into()),
+                    ..NcclOptions::default()
+                },
                 ..CommOptions::named("c")
             },
             NEW,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::{BackendKind, CommError, CommOptions, Communicator, Element, ReduceOp};
+use crate::{BackendKind, CommError, CommOptions, Communicator, Element, NcclOptions, ReduceOp};
 use hypercomm_store::MemoryStore;
 use std::sync::Mutex;
 
@@ -357,8 +357,11 @@ fn halves_must_have_the_same_members() {
 fn options_split_between_the_halves() {
     let opts = CommOptions {
         force_tcp: true,
-        blocking: Some(false),
-        min_ctas: Some(2),
+        nccl: NcclOptions {
+            blocking: Some(false),
+            min_ctas: Some(2),
+            ..NcclOptions::default()
+        },
         ..CommOptions::named("g")
     };
     let h = opts.without_nccl_knobs();
