@@ -1,5 +1,5 @@
-//! Argument checks shared by every communicator face (host and device): they run before anything is sent and name
-//! the communicator and the offending value.
+//! Argument checks shared by every communicator face (host and device): member lists, roots, peers, lengths. They
+//! run before anything is sent and name the communicator and the offending value.
 
 use crate::CommError;
 
@@ -9,6 +9,26 @@ pub(crate) fn invalid(comm: &str, what: String) -> CommError {
         comm: comm.to_owned(),
         what,
     }
+}
+
+/// This rank's position in `ranks`, the member list of communicator `comm`: `me` must be in it, and no rank
+/// twice.
+pub(crate) fn member_position(comm: &str, ranks: &[usize], me: usize) -> Result<usize, CommError> {
+    let rank = ranks.iter().position(|&r| r == me).ok_or_else(|| {
+        invalid(
+            comm,
+            format!("rank {me} is not in the member list {ranks:?}"),
+        )
+    })?;
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(invalid(
+            comm,
+            format!("rank {} appears twice in the member list {ranks:?}", w[0]),
+        ));
+    }
+    Ok(rank)
 }
 
 /// `root` must be a rank of a `size`-rank communicator.
@@ -44,4 +64,37 @@ pub(crate) fn len(comm: &str, what: &str, got: usize, expected: usize) -> Result
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_position_refuses_strangers_and_duplicates() {
+        assert_eq!(member_position("c", &[4, 7, 9], 7).unwrap(), 1);
+        let e = member_position("c", &[4, 7], 5).unwrap_err().to_string();
+        assert!(e.contains("rank 5 is not in the member list [4, 7]"), "{e}");
+        let e = member_position("c", &[4, 7, 4], 7).unwrap_err().to_string();
+        assert!(e.contains("rank 4 appears twice"), "{e}");
+    }
+
+    #[test]
+    fn peers_are_other_ranks_and_roots_are_ranks() {
+        assert!(peer("c", 3, 1, 2).is_ok());
+        assert!(
+            peer("c", 3, 1, 1)
+                .unwrap_err()
+                .to_string()
+                .contains("peer 1 is not another rank")
+        );
+        assert!(peer("c", 3, 1, 3).is_err());
+        assert!(root("c", 3, 2).is_ok());
+        assert!(
+            root("c", 3, 3)
+                .unwrap_err()
+                .to_string()
+                .contains("root 3 is not a rank")
+        );
+    }
 }

@@ -134,22 +134,7 @@ impl Communicator {
         options: CommOptions,
     ) -> Result<Communicator, CommError> {
         options.validate_for(kind)?;
-        let invalid = |what: String| CommError::InvalidArgument {
-            comm: options.name.clone(),
-            what,
-        };
-        let rank = ranks
-            .iter()
-            .position(|&r| r == me)
-            .ok_or_else(|| invalid(format!("rank {me} is not in the member list {ranks:?}")))?;
-        let mut sorted = ranks.clone();
-        sorted.sort_unstable();
-        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            return Err(invalid(format!(
-                "rank {} appears twice in the member list {ranks:?}",
-                w[0]
-            )));
-        }
+        let rank = crate::checks::member_position(&options.name, &ranks, me)?;
         let backend: Box<dyn Backend> = match kind {
             BackendKind::Host => Box::new(HostBackend::connect(
                 store.as_ref(),

@@ -63,7 +63,7 @@ impl DeviceCommunicator {
     ) -> Result<DeviceCommunicator, CommError> {
         let nccl = gpu.runtime().nccl();
         let settings = translate(&options, nccl.version())?;
-        let rank = member_position(&options.name, &ranks, me)?;
+        let rank = crate::checks::member_position(&options.name, &ranks, me)?;
         let id = exchange_unique_id(store.as_ref(), &options.name, rank, options.timeout, || {
             raw::unique_id(nccl).map_err(|e| nccl_err(&options.name, "ncclGetUniqueId", e))
         })?;
@@ -114,7 +114,7 @@ impl DeviceCommunicator {
                 self.rank
             )));
         }
-        member_position(&self.options.name, &members, me)?;
+        crate::checks::member_position(&self.options.name, &members, me)?;
         self.ranks = members;
         Ok(self)
     }
@@ -349,40 +349,5 @@ fn nccl_err(comm: &str, what: &str, e: nccl_sys::NcclError) -> CommError {
     CommError::Device {
         comm: comm.to_owned(),
         what: format!("{what}: {e}"),
-    }
-}
-
-/// This rank's position in `ranks`, refusing duplicates.
-pub(crate) fn member_position(name: &str, ranks: &[usize], me: usize) -> Result<usize, CommError> {
-    let invalid = |what: String| CommError::InvalidArgument {
-        comm: name.to_owned(),
-        what,
-    };
-    let rank = ranks
-        .iter()
-        .position(|&r| r == me)
-        .ok_or_else(|| invalid(format!("rank {me} is not in the member list {ranks:?}")))?;
-    let mut sorted = ranks.to_vec();
-    sorted.sort_unstable();
-    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-        return Err(invalid(format!(
-            "rank {} appears twice in the member list {ranks:?}",
-            w[0]
-        )));
-    }
-    Ok(rank)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn member_position_refuses_strangers_and_duplicates() {
-        assert_eq!(member_position("c", &[4, 7, 9], 7).unwrap(), 1);
-        let e = member_position("c", &[4, 7], 5).unwrap_err().to_string();
-        assert!(e.contains("rank 5 is not in the member list [4, 7]"), "{e}");
-        let e = member_position("c", &[4, 7, 4], 7).unwrap_err().to_string();
-        assert!(e.contains("rank 4 appears twice"), "{e}");
     }
 }
