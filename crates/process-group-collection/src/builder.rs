@@ -31,7 +31,6 @@ pub struct CollectionBuilder {
     pub(crate) topology: Topology,
     pub(crate) options: GroupOptions,
     pub(crate) creation: Creation,
-    pub(crate) backend: BackendKind,
     pub(crate) timeout: Duration,
     pub(crate) force_tcp: bool,
     pub(crate) gpu: Option<Arc<Gpu>>,
@@ -122,13 +121,6 @@ impl CollectionBuilder {
         self
     }
 
-    /// The backend of every communicator (default: host).
-    #[must_use]
-    pub fn with_backend(mut self, backend: BackendKind) -> Self {
-        self.backend = backend;
-        self
-    }
-
     /// The default timeout of every communicator (default 300 s); per-kind options override it.
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
@@ -186,7 +178,7 @@ impl CollectionBuilder {
             Some(_) => options.without_nccl_knobs(),
             None => options.clone(),
         };
-        host.validate_for(self.backend).map_err(comm_err)?;
+        host.validate_for(BackendKind::Host).map_err(comm_err)?;
         let device = match &self.gpu {
             Some(gpu) => {
                 let device = options.for_device();
@@ -219,7 +211,6 @@ impl CollectionBuilder {
             rank,
             entries,
             store: Some(store),
-            backend: self.backend,
             topology: self.topology,
             gpu: self.gpu,
         };
@@ -362,7 +353,6 @@ impl CollectionBuilder {
             rank,
             entries,
             store: None,
-            backend: self.backend,
             topology: self.topology,
             gpu: self.gpu,
         };

@@ -53,7 +53,6 @@ pub struct ProcessGroupCollection {
     pub(crate) rank: usize,
     pub(crate) entries: Vec<Entry>,
     pub(crate) store: Option<Arc<dyn Store>>,
-    pub(crate) backend: BackendKind,
     pub(crate) topology: Topology,
     pub(crate) gpu: Option<Arc<Gpu>>,
 }
@@ -97,7 +96,6 @@ impl ProcessGroupCollection {
             topology: Topology::default(),
             options: GroupOptions::default(),
             creation: Creation::Eager,
-            backend: BackendKind::Host,
             timeout: Duration::from_secs(300),
             force_tcp: false,
             gpu: None,
@@ -321,7 +319,7 @@ impl ProcessGroupCollection {
             .push(entry.id.tag.as_str());
         let scoped: Arc<dyn Store> = Arc::new(PrefixStore::new(prefix, Arc::clone(store)));
         let host = Communicator::new(
-            self.backend,
+            BackendKind::Host,
             Arc::clone(&scoped),
             m.members.clone(),
             self.rank,
