@@ -12,7 +12,7 @@
 use std::io::{self, Read, Write};
 use std::time::Duration;
 
-use crate::sha256::DIGEST_LEN;
+use crate::mac::DIGEST_LEN;
 use crate::{Key, KeyDecodeError};
 
 /// The largest frame body accepted by default: 64 MiB.

@@ -31,11 +31,11 @@ mod error;
 pub mod frame;
 mod key;
 pub mod launch;
+mod mac;
 mod memory;
 mod prefix;
 mod rendezvous;
 mod secret;
-mod sha256;
 mod store;
 mod tcp;
 

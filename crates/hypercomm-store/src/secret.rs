@@ -11,7 +11,7 @@
 use std::fmt;
 
 use crate::frame::NONCE_LEN;
-use crate::sha256::{DIGEST_LEN, constant_time_eq, hmac_sha256};
+use crate::mac::{DIGEST_LEN, hmac_sha256, verify};
 
 /// The environment variable holding the store's shared secret.
 pub const SECRET_ENV: &str = "HYPERCOMM_STORE_SECRET";
@@ -96,6 +96,34 @@ impl Secret {
         hmac_sha256(&self.0, &[CLIENT_CONTEXT, server_nonce, client_nonce])
     }
 
+    /// Whether `proof` is the client's proof for this pair of nonces (compared in constant time).
+    pub(crate) fn client_proof_matches(
+        &self,
+        server_nonce: &[u8; NONCE_LEN],
+        client_nonce: &[u8; NONCE_LEN],
+        proof: &[u8],
+    ) -> bool {
+        verify(
+            &self.0,
+            &[CLIENT_CONTEXT, server_nonce, client_nonce],
+            proof,
+        )
+    }
+
+    /// Whether `proof` is the server's proof for this pair of nonces (compared in constant time).
+    pub(crate) fn server_proof_matches(
+        &self,
+        server_nonce: &[u8; NONCE_LEN],
+        client_nonce: &[u8; NONCE_LEN],
+        proof: &[u8],
+    ) -> bool {
+        verify(
+            &self.0,
+            &[SERVER_CONTEXT, server_nonce, client_nonce],
+            proof,
+        )
+    }
+
     /// The server's proof for this pair of nonces. Distinct from the client's, so neither can be reflected back.
     pub(crate) fn server_proof(
         &self,
@@ -104,11 +132,6 @@ impl Secret {
     ) -> [u8; DIGEST_LEN] {
         hmac_sha256(&self.0, &[SERVER_CONTEXT, server_nonce, client_nonce])
     }
-}
-
-/// Whether `proof` equals `expected`, compared in constant time.
-pub(crate) fn proof_matches(proof: &[u8; DIGEST_LEN], expected: &[u8; DIGEST_LEN]) -> bool {
-    constant_time_eq(proof, expected)
 }
 
 impl fmt::Debug for Secret {
@@ -164,22 +187,15 @@ mod tests {
         let b = Secret::new("b").unwrap();
         let n1 = [1u8; NONCE_LEN];
         let n2 = [2u8; NONCE_LEN];
-        assert!(proof_matches(
-            &a.client_proof(&n1, &n2),
-            &a.client_proof(&n1, &n2)
-        ));
-        assert!(!proof_matches(
-            &a.client_proof(&n1, &n2),
-            &b.client_proof(&n1, &n2)
-        ));
-        assert!(!proof_matches(
-            &a.client_proof(&n1, &n2),
-            &a.client_proof(&n2, &n1)
-        ));
-        assert!(!proof_matches(
-            &a.client_proof(&n1, &n2),
-            &a.server_proof(&n1, &n2)
-        ));
+        let proof = a.client_proof(&n1, &n2);
+        assert!(a.client_proof_matches(&n1, &n2, &proof));
+        assert!(!b.client_proof_matches(&n1, &n2, &proof), "another secret");
+        assert!(!a.client_proof_matches(&n2, &n1, &proof), "nonces swapped");
+        assert!(
+            !a.server_proof_matches(&n1, &n2, &proof),
+            "the other side's proof"
+        );
+        assert!(a.server_proof_matches(&n1, &n2, &a.server_proof(&n1, &n2)));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::frame::{
     DEFAULT_MAX_FRAME, Frame, FrameError, NONCE_LEN, PROTOCOL_VERSION, ReadError, encode_frame,
     read_frame, write_frame,
 };
-use crate::secret::{SECRET_ENV, Secret, proof_matches, random_bytes};
+use crate::secret::{SECRET_ENV, Secret, random_bytes};
 use crate::{CompareSet, Key, Store, StoreError};
 
 /// How a [`TcpStore`] client behaves.
@@ -230,7 +230,7 @@ impl TcpStore {
             Ok(Frame::Welcome { mac }) => match (&self.options.secret, mac) {
                 (None, _) => Ok(stream),
                 (Some(secret), Some(mac))
-                    if proof_matches(&mac, &secret.server_proof(&server_nonce, &client_nonce)) =>
+                    if secret.server_proof_matches(&server_nonce, &client_nonce, &mac) =>
                 {
                     Ok(stream)
                 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::server::{ServerOptions, frame_name};
 use super::table::{Table, Waiter};
 use crate::frame::{Frame, NONCE_LEN, PROTOCOL_VERSION};
-use crate::secret::{SECRET_ENV, proof_matches};
+use crate::secret::SECRET_ENV;
 use crate::{Key, StoreError};
 
 /// A handshake that failed: why (for the log), and the frame that tells the client, when the client can use one.
@@ -57,10 +57,8 @@ pub(super) fn greet(
             (Some(_), None) => Some(format!(
                 "server requires the shared secret and the client sent none (set {SECRET_ENV})"
             )),
-            (Some(secret), Some(mac)) => {
-                (!proof_matches(&mac, &secret.client_proof(nonce, &client_nonce)))
-                    .then(|| "wrong shared secret".to_owned())
-            }
+            (Some(secret), Some(mac)) => (!secret.client_proof_matches(nonce, &client_nonce, &mac))
+                .then(|| "wrong shared secret".to_owned()),
         }
     };
     if let Some(reason) = refusal {
