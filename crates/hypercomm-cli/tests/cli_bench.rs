@@ -79,7 +79,7 @@ fn bad_arguments_exit_with_status_2_and_say_which() {
         (vec!["bench", "-n", "0"], "-n must be at least 1"),
         (
             vec!["bench", "--backend", "mpi"],
-            "backend \"mpi\" is not available",
+            "invalid value 'mpi' for '--backend",
         ),
         (
             vec!["bench", "--backend", "nccl", "--tcp"],

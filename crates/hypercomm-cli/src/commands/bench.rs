@@ -8,12 +8,30 @@ use hypercomm_comm::bench::{self, BenchConfig, BenchOp, BenchResult};
 
 use crate::error::CliError;
 
+/// Which backend `hypercomm bench` measures.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    /// The host backend: shared memory on one machine, TCP across machines.
+    Host,
+    /// NCCL on GPUs.
+    Nccl,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Host => "host",
+            Backend::Nccl => "nccl",
+        }
+    }
+}
+
 /// Arguments of `hypercomm bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Backend to measure: `host`, or `nccl` (needs a GPU; without one it reports what is missing).
-    #[arg(long, default_value = "host")]
-    backend: String,
+    /// Backend to measure (nccl needs a GPU; without one it reports what is missing).
+    #[arg(long, value_enum, default_value_t = Backend::Host)]
+    backend: Backend,
     /// Number of ranks (threads of this process, each with its own communicator). Default: 2 on the host, one
     /// per visible GPU with nccl.
     #[arg(short = 'n', long)]
@@ -122,14 +140,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
     if args.ranks == Some(0) {
         return Err(CliError::Usage("-n must be at least 1".into()));
     }
-    match args.backend.as_str() {
-        "host" => {}
-        "nccl" => return run_nccl(&args, op),
-        other => {
-            return Err(CliError::Usage(format!(
-                "backend {other:?} is not available; use host or nccl"
-            )));
-        }
+    if args.backend == Backend::Nccl {
+        return run_nccl(&args, op);
     }
     let ranks = args.ranks.unwrap_or(2);
     let sizes = parse_sizes(&args.sizes)?;
@@ -368,19 +380,15 @@ fn run_collection(args: &Args) -> Result<(), CliError> {
         return Err(CliError::Usage("--repeats must be at least 1".into()));
     }
     let layout = full_layout_8();
-    let gpus = match args.backend.as_str() {
-        "host" => None,
-        "nccl" => Some(collection_gpus(layout.world())?),
-        other => {
-            return Err(CliError::Usage(format!(
-                "backend {other:?} is not available; use host or nccl"
-            )));
-        }
+    let gpus = match args.backend {
+        Backend::Host => None,
+        Backend::Nccl => Some(collection_gpus(layout.world())?),
     };
     let mut results = Vec::new();
     println!(
         "collection build, 8 ranks as threads of one process, layout tp 2 cp 2 pp 2 ep 2 etp 1, 2 optimizer instances, hcp [2], backend {}; {} repeat(s)",
-        args.backend, args.repeats
+        args.backend.name(),
+        args.repeats
     );
     println!(
         "{:>8} {:>14} {:>12} {:>12} {:>12}",
@@ -404,7 +412,7 @@ fn run_collection(args: &Args) -> Result<(), CliError> {
         );
         results.push(serde_json::json!({
             "strategy": strategy.name(),
-            "backend": args.backend,
+            "backend": args.backend.name(),
             "ranks": 8,
             "communicators_per_rank": communicators,
             "repeats": args.repeats,
