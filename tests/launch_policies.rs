@@ -90,6 +90,27 @@ fn ranks_that_ignore_sigterm_are_killed_after_the_grace_period() {
 }
 
 #[test]
+fn a_stopped_rank_is_continued_so_that_sigterm_ends_it() {
+    // Rank 1 stops itself (as SIGSTOP or a debugger would); rank 0 then fails. The launcher sends SIGCONT before
+    // SIGTERM, so rank 1 ends by SIGTERM after one grace period instead of waiting, stopped, for SIGKILL.
+    let report = sh(
+        "if [ \"$HYPERCOMM_RANK\" = 1 ]; then kill -STOP $$; sleep 60; else sleep 0.3; exit 3; fi",
+    )
+    .nproc(2)
+    .grace(Duration::from_millis(300))
+    .run()
+    .unwrap();
+    assert_eq!(report.first_failure, Some(0));
+    assert_eq!(report.rank(0).unwrap().exit, Exit::Code(3));
+    assert_eq!(
+        report.rank(1).unwrap().exit,
+        Exit::Signal(15),
+        "{}",
+        report.summary()
+    );
+}
+
+#[test]
 fn the_job_timeout_stops_every_rank() {
     let report = sh("exec sleep 60")
         .nproc(2)

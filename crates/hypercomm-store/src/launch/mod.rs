@@ -390,11 +390,35 @@ struct Rank {
     stderr: Option<Arc<Mutex<Vec<String>>>>,
 }
 
-/// The running job: its ranks and the threads pumping their output.
+/// The running job: its ranks, the threads pumping their output, and the notices of ranks' exits in the order
+/// they happened.
 struct Job {
     ranks: Vec<Rank>,
     pumps_done: mpsc::Receiver<()>,
     pumps: usize,
+    /// `(index in ranks, when)` sent by each rank's exit watcher as soon as the rank exits.
+    exits: mpsc::Receiver<(usize, Instant)>,
+}
+
+/// Watches rank `index` (process `pid`) and sends `(index, now)` the moment it exits. It waits with `WNOWAIT`, so
+/// the rank stays unreaped (a zombie) until the launcher's loop reaps it: until then its pid cannot be reused, and
+/// signalling the ranks the loop still thinks are running stays safe.
+fn watch_exit(index: usize, rank: usize, pid: Pid, tx: mpsc::Sender<(usize, Instant)>) {
+    let spawned = thread::Builder::new()
+        .name(format!("rank-{rank}-exit"))
+        .spawn(move || {
+            use rustix::process::{WaitId, WaitIdOptions, waitid};
+            // Blocks until the rank exits; retried only on EINTR.
+            while let Err(rustix::io::Errno::INTR) = waitid(
+                WaitId::Pid(pid),
+                WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+            ) {}
+            let _ = tx.send((index, Instant::now()));
+        });
+    if let Err(e) = spawned {
+        // The loop still polls every rank; only the order of near-simultaneous exits is less exact.
+        tracing::debug!(rank, error = %e, "no exit watcher for rank");
+    }
 }
 
 /// What happened while watching.
@@ -414,10 +438,12 @@ impl Job {
         secret: Option<&Secret>,
     ) -> Result<Job, LaunchError> {
         let (done_tx, pumps_done) = mpsc::channel();
+        let (exits_tx, exits) = mpsc::channel();
         let mut job = Job {
             ranks: Vec::with_capacity(launcher.nproc),
             pumps_done,
             pumps: 0,
+            exits,
         };
         let world = launcher.nproc * launcher.nnodes;
         for local_rank in 0..launcher.nproc {
@@ -505,6 +531,7 @@ impl Job {
                 }
             }
             let pid = Pid::from_child(&child);
+            watch_exit(job.ranks.len(), rank, pid, exits_tx.clone());
             job.ranks.push(Rank {
                 rank,
                 local_rank,
@@ -534,6 +561,7 @@ impl Job {
         let mut kill_at: Option<Instant> = None;
         let mut termed = false;
         let mut killed = false;
+        let mut pending_notice: Option<(usize, Instant)> = None;
         loop {
             let now = Instant::now();
             if let Some(signals) = signals.as_mut() {
@@ -552,7 +580,22 @@ impl Job {
                     }
                 }
             }
-            for rank in &mut self.ranks {
+            // Ranks whose exit watchers reported, in the order they exited, then every other rank in index order
+            // (a fallback; without it a rank whose watcher could not start would never be reaped).
+            let mut noticed: Vec<(Instant, usize)> = pending_notice
+                .take()
+                .into_iter()
+                .chain(self.exits.try_iter())
+                .map(|(i, at)| (at, i))
+                .collect();
+            noticed.sort_unstable();
+            let order: Vec<usize> = noticed
+                .iter()
+                .map(|&(_, i)| i)
+                .chain(0..self.ranks.len())
+                .collect();
+            for i in order {
+                let rank = &mut self.ranks[i];
                 if rank.exit.is_some() {
                     continue;
                 }
@@ -609,7 +652,10 @@ impl Job {
                 killed = true;
                 self.signal_running(Signal::KILL);
             }
-            thread::sleep(POLL);
+            // Sleep until a rank exits or POLL passes; the notice goes back for the next round's ordering.
+            if let Ok(notice) = self.exits.recv_timeout(POLL) {
+                pending_notice = Some(notice);
+            }
         }
         Watched {
             first_failure,
@@ -621,9 +667,15 @@ impl Job {
     }
 
     /// Sends `signal` to the process group of every rank still running, and marks them stopped by the launcher.
+    /// A SIGTERM is preceded by SIGCONT: a stopped rank (SIGSTOP, a debugger) would otherwise hold the SIGTERM
+    /// pending until SIGKILL, and never get to report.
     fn signal_running(&mut self, signal: Signal) {
         for rank in self.ranks.iter_mut().filter(|r| r.exit.is_none()) {
             rank.stopped_by_launcher = true;
+            if signal == Signal::TERM {
+                // Same pid argument as below; a rank that is not stopped ignores SIGCONT.
+                let _ = rustix::process::kill_process_group(rank.pid, Signal::CONT);
+            }
             // The rank leads its own process group (process_group(0)), so its pid names the group. The rank is
             // not reaped yet (exit is None), so the pid cannot have been reused.
             if let Err(e) = rustix::process::kill_process_group(rank.pid, signal) {
