@@ -156,3 +156,67 @@ fn start_up_errors_name_what_is_wrong() {
         .unwrap_err();
     assert_eq!(err.to_string(), "node rank 2 is not below nnodes=2");
 }
+
+#[test]
+fn torchrun_env_gives_every_rank_torchruns_variables() {
+    let report = sh("echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT\"")
+        .nproc(3)
+        .torchrun_env(true)
+        .run()
+        .unwrap();
+    assert!(report.success(), "{}", report.summary());
+    let lines: Vec<&String> = report.ranks.iter().map(|r| &r.stdout[0]).collect();
+    let port = lines[0].split(' ').next_back().unwrap().to_owned();
+    assert!(port.parse::<u16>().is_ok_and(|p| p > 0), "{lines:?}");
+    assert_ne!(
+        port,
+        report.store_addr.port.to_string(),
+        "PyTorch's store needs a port of its own"
+    );
+    for (k, line) in lines.iter().enumerate() {
+        assert_eq!(**line, format!("{k} 3 {k} 3 0 127.0.0.1 {port}"));
+    }
+    // Without the option, none of them is set.
+    let plain = sh("echo \"[$RANK$MASTER_PORT]\"").nproc(1).run().unwrap();
+    assert_eq!(plain.ranks[0].stdout, ["[]"]);
+}
+
+#[test]
+fn a_torch_distributed_program_runs_unchanged_under_the_launcher() {
+    let has_torch = std::process::Command::new("python3")
+        .args(["-c", "import torch.distributed"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_torch {
+        eprintln!(
+            "skipping: python3 cannot import torch.distributed here (pip install torch to run this)"
+        );
+        return;
+    }
+    let program = "import torch, torch.distributed as dist\n\
+                   dist.init_process_group('gloo')\n\
+                   t = torch.tensor([float(dist.get_rank() + 1)])\n\
+                   dist.all_reduce(t)\n\
+                   print(f'rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item():.0f}')\n\
+                   dist.destroy_process_group()\n";
+    let report = Launcher::new("python3")
+        .args(["-c", program])
+        .nproc(2)
+        .torchrun_env(true)
+        .echo(false)
+        .capture(true)
+        .timeout(JOB_LIMIT)
+        .run()
+        .unwrap();
+    assert!(report.success(), "{}", report.summary());
+    for k in 0..2 {
+        assert!(
+            report.ranks[k]
+                .stdout
+                .iter()
+                .any(|l| *l == format!("rank {k} of 2 sum 3")),
+            "{:?}",
+            report.ranks[k]
+        );
+    }
+}

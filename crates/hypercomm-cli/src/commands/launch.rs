@@ -33,6 +33,10 @@ pub struct Args {
     /// nodes uses a relay on each node and a single node does not.
     #[arg(long, value_parser = ["on", "off"])]
     relay: Option<String>,
+    /// Also set torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+    /// MASTER_PORT), so programs written for torchrun run unchanged.
+    #[arg(long)]
+    torchrun_env: bool,
     /// Stop the whole job after this many seconds.
     #[arg(long)]
     timeout_secs: Option<f64>,
@@ -62,6 +66,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         .master(args.master_addr, args.master_port)
         .grace(seconds("grace-secs", args.grace_secs)?)
         .secret(secret)
+        .torchrun_env(args.torchrun_env)
         .forward_signals(true);
     if let Some(relay) = &args.relay {
         launcher = launcher.relay(relay == "on");

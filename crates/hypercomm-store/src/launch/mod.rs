@@ -93,6 +93,9 @@ pub enum LaunchError {
     /// SIGINT/SIGTERM handling could not be installed.
     #[error("cannot install signal forwarding: {0}")]
     Signals(#[source] io::Error),
+    /// No free port could be found for torchrun's `MASTER_PORT`.
+    #[error("cannot find a free port for torchrun's MASTER_PORT: {0}")]
+    TorchPort(#[source] io::Error),
 }
 
 /// What to run and how. Build with [`Launcher::new`] and the setters, then [`Launcher::run`].
@@ -112,6 +115,7 @@ pub struct Launcher {
     capture: bool,
     secret: Option<Secret>,
     relay: Option<bool>,
+    torchrun_env: bool,
     env: Vec<(OsString, OsString)>,
 }
 
@@ -134,6 +138,7 @@ impl Launcher {
             capture: false,
             secret: None,
             relay: None,
+            torchrun_env: false,
             env: Vec::new(),
         }
     }
@@ -245,6 +250,17 @@ impl Launcher {
         self
     }
 
+    /// Also give every rank torchrun's environment, so a program written for `torchrun` (PyTorch's
+    /// `init_process_group("env://")`, Megatron) runs unchanged: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+    /// `LOCAL_WORLD_SIZE`, `GROUP_RANK` (the node), `MASTER_ADDR` and `MASTER_PORT`. `MASTER_PORT` is for PyTorch's
+    /// own TCPStore, which its rank 0 hosts (it does not speak hypercomm's protocol): on one node a free port, on
+    /// several nodes the store's port + 1, which every node's launcher computes alike.
+    #[must_use]
+    pub fn torchrun_env(mut self, on: bool) -> Self {
+        self.torchrun_env = on;
+        self
+    }
+
     /// Sets an extra environment variable for every rank.
     #[must_use]
     pub fn env(mut self, name: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
@@ -350,7 +366,21 @@ impl Launcher {
         } else {
             None
         };
-        let mut job = Job::start(self, &store_addr, relay_addr.as_ref(), secret.as_ref())?;
+        let torch_master = if self.torchrun_env {
+            Some(StoreAddr {
+                host: connect_host(&self.master_addr),
+                port: torch_master_port(self.nnodes, store_addr.port)?,
+            })
+        } else {
+            None
+        };
+        let mut job = Job::start(
+            self,
+            &store_addr,
+            relay_addr.as_ref(),
+            secret.as_ref(),
+            torch_master.as_ref(),
+        )?;
         let result = job.watch(self, signals);
         if let Some(signals) = &result.signals {
             signals.handle().close();
@@ -376,6 +406,24 @@ fn connect_host(bind: &str) -> String {
         Ok(IpAddr::V6(ip)) if ip.is_unspecified() => Ipv6Addr::LOCALHOST.to_string(),
         _ => bind.to_owned(),
     }
+}
+
+/// The port of PyTorch's own store for `--torchrun-env`: a free one on one node, the hypercomm store's port + 1
+/// across nodes (every node computes the same).
+fn torch_master_port(nnodes: usize, store_port: u16) -> Result<u16, LaunchError> {
+    if nnodes > 1 {
+        return store_port.checked_add(1).ok_or_else(|| {
+            LaunchError::Invalid(format!(
+                "torchrun's MASTER_PORT is the store's port + 1, but the store's port is {store_port}"
+            ))
+        });
+    }
+    // Bound and released at once: PyTorch's rank 0 binds it again moments later.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(LaunchError::TorchPort)?;
+    Ok(listener
+        .local_addr()
+        .map_err(LaunchError::TorchPort)?
+        .port())
 }
 
 /// One started rank.
@@ -436,6 +484,7 @@ impl Job {
         store_addr: &StoreAddr,
         relay_addr: Option<&StoreAddr>,
         secret: Option<&Secret>,
+        torch_master: Option<&StoreAddr>,
     ) -> Result<Job, LaunchError> {
         let (done_tx, pumps_done) = mpsc::channel();
         let (exits_tx, exits) = mpsc::channel();
@@ -462,6 +511,15 @@ impl Job {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .process_group(0);
+            if let Some(master) = torch_master {
+                cmd.env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", world.to_string())
+                    .env("LOCAL_RANK", local_rank.to_string())
+                    .env("LOCAL_WORLD_SIZE", launcher.nproc.to_string())
+                    .env("GROUP_RANK", launcher.node_rank.to_string())
+                    .env("MASTER_ADDR", &master.host)
+                    .env("MASTER_PORT", master.port.to_string());
+            }
             match secret {
                 Some(secret) => cmd.env(SECRET_ENV, OsStr::from_bytes(secret.expose())),
                 None => cmd.env_remove(SECRET_ENV),
