@@ -355,8 +355,32 @@ fn per_dest(input: bool, n: usize, block: usize, p: &Range<usize>) -> Vec<Seg> {
         .collect()
 }
 
+/// Publication of piece `p` (bytes within a block) of the blocks for every rank but `me`, in rank order: the
+/// piece for rank `d` sits at position [`peer_slot`]`(me, d)` of the publication.
+fn per_peer(input: bool, n: usize, me: usize, block: usize, p: &Range<usize>) -> Vec<Seg> {
+    (0..n)
+        .filter(|&d| d != me)
+        .map(|d| {
+            let r = shift(p.clone(), d * block);
+            if input { Seg::In(r) } else { Seg::Out(r) }
+        })
+        .collect()
+}
+
+/// Where the piece for `dst` (not `src`) sits among the `n - 1` pieces `src` publishes with [`per_peer`].
+fn peer_slot(src: usize, dst: usize) -> usize {
+    if dst < src {
+        dst
+    } else {
+        dst.saturating_sub(1)
+    }
+}
+
 /// Reduce-scatter: each rank contributes `n` blocks of `block` bytes and receives the reduction of block `me`.
 /// Out of place (`input: Some`): `out` is one block. In place: `out` holds all blocks and block `me` is reduced.
+///
+/// A rank publishes only the blocks its peers reduce, never its own (which it reads from its own buffer), so
+/// each round moves `n - 1` pieces through shared memory instead of `n`, and a piece may be `1/(n-1)` of the slot.
 pub(crate) fn reduce_scatter(
     cx: &mut Ctx<'_>,
     input: Option<&[u8]>,
@@ -367,12 +391,22 @@ pub(crate) fn reduce_scatter(
 ) -> Result<(), CommError> {
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
     let comm = cx.comm.to_owned();
-    let per_piece = (cx.elems_per_round(s) / n).max(1);
+    let per_piece = (cx.elems_per_round(s) / (n - 1).max(1)).max(1);
     for (i, p) in pieces(block / s, per_piece).into_iter().enumerate() {
         let bytes = scale(p, s);
         let len = bytes.len();
-        let publish = per_dest(input.is_some(), n, block, &bytes);
-        let wants = |_, dst: usize| vec![dst * len..(dst + 1) * len];
+        let publish = if n == 1 {
+            Vec::new()
+        } else {
+            per_peer(input.is_some(), n, me, block, &bytes)
+        };
+        let wants = |src: usize, dst: usize| {
+            if src == dst {
+                return Vec::new();
+            }
+            let at = peer_slot(src, dst);
+            vec![at * len..(at + 1) * len]
+        };
         cx.run(
             i as u64,
             publish,
@@ -381,7 +415,10 @@ pub(crate) fn reduce_scatter(
             out,
             &mut |out, peers| {
                 let own = input.map(|inp| &inp[shift(bytes.clone(), me * block)]);
-                let srcs = sources(n, me, own, peers, |_| me * len..(me + 1) * len)?;
+                let srcs = sources(n, me, own, peers, |r| {
+                    let at = peer_slot(r, me);
+                    at * len..(at + 1) * len
+                })?;
                 let target = if input.is_some() {
                     bytes.clone()
                 } else {
