@@ -7,8 +7,9 @@
 //! - latency: each round every rank publishes a whole piece and every rank reduces all of them (in rank order, so
 //!   results are bit-identical everywhere). One synchronisation per piece; each rank reads `n` times the data.
 //! - bandwidth: reduce-scatter plus all-gather, pipelined: in round `t` each rank publishes its reduced chunk of
-//!   piece `t - 1` together with piece `t`, reduces its own chunk of piece `t`, and copies the peers' reduced chunks
-//!   of piece `t - 1`. Each rank reads about twice the data and reduces only `1/n` of it.
+//!   piece `t - 1` together with the peers' chunks of piece `t` (not its own, which only it reduces), reduces its
+//!   own chunk of piece `t`, and copies the peers' reduced chunks of piece `t - 1`. Each rank copies one piece
+//!   into shared memory per round, reads about twice the data and reduces only `1/n` of it.
 //!
 //! The selector ([`Algorithm::Auto`]) takes the latency path while `bytes * (n - 1) <= LATENCY_READ_LIMIT`, the
 //! point where reading every peer's whole buffer starts to cost more than the bandwidth path's extra round.
@@ -164,43 +165,57 @@ fn all_reduce_bandwidth(
 ) -> Result<(), CommError> {
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
     let comm = cx.comm.to_owned();
-    // A publication holds one chunk of the previous piece plus the current piece: piece * (n + 1) / n elements.
-    let room = cx.elems_per_round(s).saturating_sub(1);
-    let piece = (room * n / (n + 1)).max(1);
+    // A publication holds this rank's reduced chunk of the previous piece plus the current piece without its own
+    // chunk (which only this rank reduces): at most piece + 1 elements.
+    let piece = cx.elems_per_round(s).saturating_sub(1).max(1);
     let ps = pieces(buf.len() / s, piece);
+    // Chunk `i` of a piece, in elements from the piece's start.
+    let chunk = |c: &Range<usize>, i: usize| part(c.len(), n, i);
+    // Bytes of `dst`'s chunk of piece `c` within the current-piece part of `src`'s publication, which leaves out
+    // `src`'s own chunk.
+    let cur_at = |c: &Range<usize>, src: usize, dst: usize| {
+        let r = scale(chunk(c, dst), s);
+        let skip = if dst > src {
+            chunk(c, src).len() * s
+        } else {
+            0
+        };
+        r.start - skip..r.end - skip
+    };
     for t in 0..=ps.len() {
         let prev = t.checked_sub(1).map(|i| ps[i].clone());
         let cur = ps.get(t).cloned();
         // Byte length of `src`'s reduced chunk of the previous piece (the first part of its publication).
-        let prev_len = |src: usize| prev.as_ref().map_or(0, |p| part(p.len(), n, src).len() * s);
-        let mut publish = Vec::with_capacity(2);
+        let prev_len = |src: usize| prev.as_ref().map_or(0, |p| chunk(p, src).len() * s);
+        let mut publish = Vec::with_capacity(3);
         if let Some(p) = &prev {
-            publish.push(Seg::Out(scale(shift(part(p.len(), n, me), p.start), s)));
+            publish.push(Seg::Out(scale(shift(chunk(p, me), p.start), s)));
         }
         if let Some(c) = &cur {
-            publish.push(Seg::Out(scale(c.clone(), s)));
+            let mine = chunk(c, me);
+            publish.push(Seg::Out(scale(shift(0..mine.start, c.start), s)));
+            publish.push(Seg::Out(scale(shift(mine.end..c.len(), c.start), s)));
         }
         let wants = |src: usize, dst: usize| {
             let mut w = Vec::with_capacity(2);
             if prev.is_some() {
                 w.push(0..prev_len(src));
             }
-            if let Some(c) = &cur {
-                w.push(shift(scale(part(c.len(), n, dst), s), prev_len(src)));
+            if let Some(c) = cur.as_ref().filter(|_| src != dst) {
+                w.push(shift(cur_at(c, src, dst), prev_len(src)));
             }
             w
         };
         cx.run(t as u64, publish, &wants, &[], buf, &mut |out, peers| {
             if let Some(p) = &prev {
                 for src in (0..n).filter(|&r| r != me) {
-                    let at = scale(shift(part(p.len(), n, src), p.start), s);
+                    let at = scale(shift(chunk(p, src), p.start), s);
                     copy_into(out, at, peers.get(src, 0..prev_len(src))?);
                 }
             }
             if let Some(c) = &cur {
-                let mine = scale(part(c.len(), n, me), s);
-                let srcs = sources(n, me, None, peers, |r| shift(mine.clone(), prev_len(r)))?;
-                let target = shift(mine, c.start * s);
+                let srcs = sources(n, me, None, peers, |r| shift(cur_at(c, r, me), prev_len(r)))?;
+                let target = scale(shift(chunk(c, me), c.start), s);
                 reduce(dtype, op, &srcs, &mut out[target], n).map_err(|f| fault(&comm, f))?;
             }
             Ok(())
