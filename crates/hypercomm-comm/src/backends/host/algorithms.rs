@@ -166,8 +166,11 @@ fn all_reduce_bandwidth(
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
     let comm = cx.comm.to_owned();
     // A publication holds this rank's reduced chunk of the previous piece plus the current piece without its own
-    // chunk (which only this rank reduces): at most piece + 1 elements.
-    let piece = cx.elems_per_round(s).saturating_sub(1).max(1);
+    // chunk (which only this rank reduces): at most piece + 1 elements. Pieces stay at n/(n+1) of the slot, as
+    // when whole pieces were published: filling the slot measured 10-30% slower (the round's working set no
+    // longer fits in a 1 MiB L2), so the saving is in bytes copied, not in rounds.
+    let room = cx.elems_per_round(s).saturating_sub(1);
+    let piece = (room * n / (n + 1)).max(1);
     let ps = pieces(buf.len() / s, piece);
     // Chunk `i` of a piece, in elements from the piece's start.
     let chunk = |c: &Range<usize>, i: usize| part(c.len(), n, i);
