@@ -6,18 +6,84 @@
 //!   stay flat as the world grows, because each rank meets only its own groups' members;
 //! - the same build through a store relay per node of 8 ranks, simulated up to 1,048,576 ranks: what each relay
 //!   receives and forwards, and what the central store receives with and without relays;
-//! - the median time per rank to build a full collection on 8 local ranks (threads), by each bootstrap.
+//! - the median time per rank to build a full collection on 8 local ranks, by each bootstrap, with ranks as threads
+//!   of this process and then as 8 processes started by the launcher (this bench binary run again with
+//!   `--collection-worker`) sharing a TCP store, like for like with a multi-process Megatron-Core start-up.
 
 mod support;
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use hypercomm::grid::layout::LayoutConfig;
-use hypercomm::pgc::bench::{Strategy, full_layout_8, median, time_builds};
+use hypercomm::pgc::bench::{Strategy, full_layout_8, median, time_builds, time_builds_as_rank};
 use hypercomm::pgc::cost::{simulate_relay_cost, simulate_store_cost};
+use hypercomm::store::launch::Launcher;
+use hypercomm::store::{Rendezvous, Store};
 use support::{human, smoke_run};
 
+/// One rank of the process run: times its builds and prints `<strategy> <microseconds>` per build.
+fn worker(repeats: usize) {
+    let rendezvous = Rendezvous::from_env().expect("started by the launcher");
+    let joined = rendezvous
+        .join(rendezvous.client_options())
+        .expect("the launcher's store");
+    let store: Arc<dyn Store> = Arc::new(joined.store);
+    for strategy in Strategy::ALL {
+        let (times, _) = time_builds_as_rank(
+            &full_layout_8(),
+            strategy,
+            repeats,
+            rendezvous.rank,
+            Arc::clone(&store),
+        )
+        .expect("builds");
+        for t in times {
+            println!("{} {}", strategy.name(), t.as_micros());
+        }
+    }
+}
+
+/// Launches 8 copies of this binary as the ranks and prints the median build time per rank of each strategy.
+fn as_processes(repeats: usize) {
+    let program = std::env::current_exe().expect("this bench binary");
+    let report = Launcher::new(program)
+        .args(["--collection-worker".to_owned(), repeats.to_string()])
+        .nproc(8)
+        .echo(false)
+        .capture(true)
+        .timeout(Duration::from_secs(600))
+        .run()
+        .expect("launch");
+    assert!(report.success(), "{}", report.summary());
+    for strategy in Strategy::ALL {
+        let times: Vec<Duration> = report
+            .ranks
+            .iter()
+            .flat_map(|r| &r.stdout)
+            .filter_map(|line| line.split_once(' '))
+            .filter(|(name, _)| *name == strategy.name())
+            .map(|(_, micros)| Duration::from_micros(micros.parse().expect("microseconds")))
+            .collect();
+        assert_eq!(times.len(), 8 * repeats, "{}", strategy.name());
+        println!(
+            "{:>6}: median build time per rank {}",
+            strategy.name(),
+            human(median(&times))
+        );
+    }
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--collection-worker") {
+        let repeats = args
+            .get(at + 1)
+            .and_then(|r| r.parse().ok())
+            .expect("--collection-worker REPEATS");
+        worker(repeats);
+        return;
+    }
     let smoke = smoke_run();
     let worlds: &[usize] = if smoke {
         &[1024]
@@ -70,6 +136,11 @@ fn main() {
             human(median(&times))
         );
     }
+    println!();
+    println!(
+        "full collection (22 kinds) on 8 local ranks (processes, TCP store), {repeats} repeat(s) per strategy"
+    );
+    as_processes(repeats);
 }
 
 /// The build's store traffic through a relay on each node of 8 ranks (as `hypercomm launch` runs one per node).

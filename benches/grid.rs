@@ -1,17 +1,20 @@
 //! Group enumeration and one rank's group, on the layout tp=8, cp=2, ep=8, pp=16 at worlds of 65,536 and
-//! 1,048,576 ranks.
+//! 1,048,576 ranks, and one rank's groups of every kind at worlds up to 2^40.
 //!
 //! Run with `cargo bench --bench grid`. Prints the median of several samples for:
 //! - streaming every group of each single dimension and of dp-cp into one reused buffer (`next_into`),
 //! - the same collected as `Vec<Vec<usize>>` (one allocation per group),
-//! - `group_of` for one rank.
+//! - `group_of` for one rank,
+//! - building the layout (`LayoutConfig::build`, which checks the expert grid against the decoder grid) and
+//!   describing all 22 of one rank's groups (`compact_memberships`): what `hypercomm layout --rank` does before
+//!   printing. Both must stay flat as the world grows; a per-rank loop anywhere shows here as a jump.
 
 mod support;
 
 use std::hint::black_box;
 
 use hypercomm::grid::Grid;
-use hypercomm::grid::layout::LayoutConfig;
+use hypercomm::grid::layout::{LayoutConfig, ParallelLayout};
 use support::{human, median_per_call, smoke_run};
 
 fn stream_all(grid: &Grid, dims: &[&str]) -> usize {
@@ -22,6 +25,50 @@ fn stream_all(grid: &Grid, dims: &[&str]) -> usize {
         sum = sum.wrapping_add(buf[0]);
     }
     sum
+}
+
+fn layout(world: usize) -> ParallelLayout {
+    LayoutConfig::new(world)
+        .tp(8)
+        .cp(2)
+        .ep(8)
+        .pp(16)
+        .build()
+        .expect("valid layout")
+}
+
+/// Builds the layout and describes every group of one rank; returns a checksum of the group sizes.
+fn one_rank_every_kind(world: usize, rank: usize) -> usize {
+    let layout = layout(black_box(world));
+    let mut sum = 0usize;
+    for kind in layout.kinds() {
+        for m in layout
+            .compact_memberships(rank, kind)
+            .expect("rank in layout")
+        {
+            sum = sum.wrapping_add(m.ranks.len());
+        }
+    }
+    sum
+}
+
+fn one_rank_table(smoke: bool) {
+    let worlds: &[usize] = if smoke {
+        &[1 << 20]
+    } else {
+        &[1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 40]
+    };
+    println!();
+    println!(
+        "{:<16} {:>14} {:>22}",
+        "world", "build layout", "build + rank's groups"
+    );
+    for &world in worlds {
+        let (samples, iters) = if smoke { (1, 1) } else { (11, 200) };
+        let build = median_per_call(samples, iters, || layout(black_box(world)));
+        let all = median_per_call(samples, iters, || one_rank_every_kind(world, 777));
+        println!("{world:<16} {:>14} {:>22}", human(build), human(all));
+    }
 }
 
 fn main() {
@@ -36,13 +83,7 @@ fn main() {
         "world", "grid", "dims", "groups", "size", "stream all", "collect all", "group_of"
     );
     for &world in worlds {
-        let layout = LayoutConfig::new(world)
-            .tp(8)
-            .cp(2)
-            .ep(8)
-            .pp(16)
-            .build()
-            .expect("valid layout");
+        let layout = layout(world);
         let rank = world / 2 + 3;
         let cases: [(&str, &Grid, &[&str]); 6] = [
             ("decoder", layout.decoder(), &["tp"]),
@@ -80,4 +121,5 @@ fn main() {
             );
         }
     }
+    one_rank_table(smoke);
 }

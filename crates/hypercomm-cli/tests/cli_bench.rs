@@ -236,3 +236,34 @@ fn collection_bench_builds_nccl_communicators_on_the_fake_driver() {
     assert_eq!(left, 0, "fake nccl communicators left behind");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn collection_bench_runs_ranks_as_processes() {
+    let json = scratch("collection-processes.json");
+    let out = hypercomm(&[
+        "bench",
+        "--collection",
+        "--processes",
+        "--repeats",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("8 ranks as processes"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = v["collection"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v}");
+    for row in rows {
+        assert_eq!(row["ranks_as"], "processes");
+        // Every kind of the full layout: 22 communicators on the ranks that hold embd and pos_embd.
+        assert_eq!(row["communicators_per_rank"], 22, "{row}");
+        let (min, med, max) = (
+            row["min_ms"].as_f64().unwrap(),
+            row["median_ms"].as_f64().unwrap(),
+            row["max_ms"].as_f64().unwrap(),
+        );
+        assert!(0.0 < min && min <= med && med <= max, "{row}");
+    }
+}

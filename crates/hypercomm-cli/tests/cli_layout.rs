@@ -203,3 +203,40 @@ fn table_output_is_readable() {
         "{text}"
     );
 }
+
+/// One rank's table costs the same at any world size: at 2^40 ranks (a world-sized `intra_dist_opt` group and
+/// a 2^36-rank `tp_dp_cp` group) it prints each group's size and its first and last members without listing them.
+#[test]
+fn rank_table_at_a_trillion_ranks() {
+    let world = (1u64 << 40).to_string();
+    let out = hypercomm(&[
+        "layout", "--world", &world, "--tp", "8", "--cp", "2", "--ep", "8", "--pp", "16", "--rank",
+        "777",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = |kind: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(kind))
+            .unwrap_or_else(|| panic!("no {kind} line in {text}"))
+            .to_owned()
+    };
+    assert!(
+        line("tp").ends_with("[776, 777, 778, 779, 780, 781, 782, 783]"),
+        "{text}"
+    );
+    let intra = line("intra_dist_opt");
+    assert!(intra.contains(&format!("777/{world}")), "{intra}");
+    assert!(
+        intra.ends_with("[0, 1, 2, 3, 4, 5, ..., 1099511627774, 1099511627775]"),
+        "{intra}"
+    );
+    assert!(
+        line("dp").ends_with("..., 68719476713, 68719476729]"),
+        "{text}"
+    );
+}

@@ -5,6 +5,24 @@
 //! `bytes` is the whole buffer as nccl-tests counts it: the all-reduce/broadcast/reduce buffer, the all-gather
 //! output, the reduce-scatter input, the all-to-all buffer. `algbw = bytes / time`; `busbw = algbw * factor`
 //! with nccl-tests' factors (see [`BenchOp::bus_factor`]).
+//!
+//! Reading the figures on the shared-memory transport:
+//! - **Small operations measure waiting.** Every round ends in a barrier. A waiting rank spins about 300 times
+//!   (a few µs), then calls `sched_yield` 20 times, then sleeps on the segment's doorbell futex in 2 ms slices,
+//!   checking its deadline, the abort flag and its peers' liveness between slices; an arriving rank wakes sleepers.
+//!   When every rank has a core of its own the peer arrives within the spin and a small all-reduce takes 5–8 µs.
+//!   When the ranks share cores with each other or with other jobs, the rank it waits for is often not running:
+//!   spinning would only take the core that rank needs, so the waiter yields and then sleeps, and the wake-up
+//!   through the futex and the scheduler costs tens of µs. That is where the 25–95 µs small-operation figures
+//!   on a loaded machine come from, and why medians of several runs are reported.
+//! - **Large operations measure memory traffic, not the wire.** busbw divides nccl-tests' bus bytes by the time,
+//!   which compares operations on a network. On one host the cost is the bytes read and written in memory. Once
+//!   the buffers exceed the last-level cache, an in-place all-reduce of `S` bytes reads `S` and writes `S` for
+//!   `2S(n-1)/n` bus bytes; an out-of-place all-gather must read `S/n` and write `S` (its output is `n` times its input,
+//!   cold, so each line written is read first) for `S(n-1)/n` bus bytes, and a reduce-scatter reads `S` and writes
+//!   `S/n`. Per bus byte that is two to two and a half times the memory traffic of the all-reduce at 2 ranks,
+//!   whatever the algorithm, so at 16 MiB their busbw trails all-reduce's; in cache (1 MiB) they run at or above
+//!   it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DimSet, Grid, GridError};
+use crate::{CompactMembership, DimSet, Grid, GridError, GroupRanks};
 
 /// One rank's group: its members and where the rank and the group stand.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,31 +43,10 @@ impl Odometer {
         self.axes.iter().map(|&(_, size)| size).product()
     }
 
-    /// Every rank offset the counter reaches, ascending, appended to `out` with `base` added.
-    fn extend_offsets(&self, base: usize, out: &mut Vec<usize>) {
-        let start = out.len();
-        out.push(base);
-        // Each axis multiplies the offsets collected so far: earliest axis fastest, and the result stays ascending
-        // because every later stride exceeds the span of all earlier axes.
-        for &(stride, size) in &self.axes {
-            let block = out.len() - start;
-            for step in 1..size {
-                for j in 0..block {
-                    let v = out[start + j] + step * stride;
-                    out.push(v);
-                }
-            }
-        }
-    }
-
-    /// The offset `Σ coord · stride` of the position with mixed-radix index `index` on these axes.
-    fn offset_at(&self, mut index: usize) -> usize {
-        let mut offset = 0;
-        for &(stride, size) in &self.axes {
-            offset += (index % size) * stride;
-            index /= size;
-        }
-        offset
+    /// The positions `start .. start + len` of this counter, as ranks shifted by `base`. Strides of a grid's
+    /// dimensions grow with each dimension and exceed the span of all earlier ones, as [`GroupRanks`] requires.
+    fn ranks(self, base: usize, start: usize, len: usize) -> GroupRanks {
+        GroupRanks::new(base, self.axes, start, len)
     }
 
     /// The mixed-radix index of `local` (a rank minus the grid offset) on these axes, and its offset
@@ -115,8 +94,8 @@ impl Groups {
     fn new(grid: &Grid, set: DimSet) -> Groups {
         let inner = Odometer::over(grid, set);
         let outer = Odometer::over(grid, DimSet::all(grid.dims().len()).difference(set));
-        let mut members = Vec::with_capacity(inner.count());
-        inner.extend_offsets(0, &mut members);
+        let count = inner.count();
+        let members = inner.ranks(0, 0, count).to_vec();
         let left = outer.count();
         Groups {
             members,
@@ -214,16 +193,44 @@ impl Grid {
 
     /// [`Grid::group_of`] for a [`DimSet`].
     pub fn group_of_in(&self, rank: usize, set: DimSet) -> Result<Membership, GridError> {
+        Ok(self.compact_group_of_in(rank, set)?.to_membership())
+    }
+
+    /// [`Grid::group_of`] with the members described, not listed: O(dims) time and space whatever the group size.
+    ///
+    /// ```
+    /// use hypercomm_grid::Grid;
+    ///
+    /// // 2^40 ranks: the group over dp has 2^36 members, none of them stored.
+    /// let grid = Grid::new([("tp", 8), ("cp", 2), ("dp", 1 << 36)])?;
+    /// let m = grid.compact_group_of(17, ["dp"])?;
+    /// assert_eq!((m.ranks.len(), m.index, m.group), (1 << 36, 1, 1));
+    /// assert_eq!(m.ranks.iter().take(3).collect::<Vec<_>>(), [1, 17, 33]);
+    /// # Ok::<(), hypercomm_grid::GridError>(())
+    /// ```
+    pub fn compact_group_of<S: AsRef<str>>(
+        &self,
+        rank: usize,
+        dims: impl IntoIterator<Item = S>,
+    ) -> Result<CompactMembership, GridError> {
+        self.compact_group_of_in(rank, self.select(dims)?)
+    }
+
+    /// [`Grid::compact_group_of`] for a [`DimSet`].
+    pub fn compact_group_of_in(
+        &self,
+        rank: usize,
+        set: DimSet,
+    ) -> Result<CompactMembership, GridError> {
         let local = self.local(rank)?;
         let all = DimSet::all(self.dims().len());
         let inner = Odometer::over(self, set);
         let outer = Odometer::over(self, all.difference(set));
         let (index, inner_offset) = inner.position(local);
         let (group, _) = outer.position(local);
-        let mut members = Vec::with_capacity(inner.count());
-        inner.extend_offsets(rank - inner_offset, &mut members);
-        Ok(Membership {
-            members,
+        let count = inner.count();
+        Ok(CompactMembership {
+            ranks: inner.ranks(rank - inner_offset, 0, count),
             index,
             group,
         })
@@ -252,6 +259,18 @@ impl Grid {
         set: DimSet,
         parts: usize,
     ) -> Result<Membership, GridError> {
+        Ok(self
+            .compact_group_part_of(rank, set, parts)?
+            .to_membership())
+    }
+
+    /// [`Grid::group_part_of`] with the members described, not listed: O(dims) whatever the part's size.
+    pub fn compact_group_part_of(
+        &self,
+        rank: usize,
+        set: DimSet,
+        parts: usize,
+    ) -> Result<CompactMembership, GridError> {
         let local = self.local(rank)?;
         let inner = Odometer::over(self, set);
         let size = inner.count();
@@ -259,13 +278,9 @@ impl Grid {
         let (position, inner_offset) = inner.position(local);
         let (parent, _) =
             Odometer::over(self, DimSet::all(self.dims().len()).difference(set)).position(local);
-        let base = rank - inner_offset;
         let part = position / part_size;
-        let members = (part * part_size..(part + 1) * part_size)
-            .map(|q| base + inner.offset_at(q))
-            .collect();
-        Ok(Membership {
-            members,
+        Ok(CompactMembership {
+            ranks: inner.ranks(rank - inner_offset, part * part_size, part_size),
             index: position % part_size,
             group: parent * parts + part,
         })

@@ -35,6 +35,9 @@
 //!
 //! What to use:
 //! - [`Grid`]: build a grid, map ranks to coordinates and back, [`Grid::groups`] and [`Grid::group_of`].
+//! - [`GroupRanks`]: a group's members described by `(stride, size)` axes, from [`Grid::compact_group_of`] and
+//!   [`layout::ParallelLayout::compact_memberships`]: one rank's groups in O(dims) even when a group spans the
+//!   world.
 //! - [`layout`]: Megatron-Core layouts (`tp`, `pp`, `cp`, `ep`, `etp`, order, offset, distributed-optimizer
 //!   instances, hierarchical cp) and all 22 group kinds of its `ProcessGroupCollection`.
 //! - [`GridView`]: a second grid over the same ranks that must agree with a base grid on shared dimensions (the
@@ -50,6 +53,7 @@ mod error;
 mod grid;
 mod groups;
 pub mod layout;
+mod ranks;
 pub mod topology;
 mod view;
 
@@ -62,4 +66,5 @@ pub use dimset::DimSet;
 pub use error::GridError;
 pub use grid::{Dim, Grid, MAX_DIMS, parse_dims};
 pub use groups::{Groups, Membership};
+pub use ranks::{CompactMembership, GroupRanks, GroupRanksIter};
 pub use view::GridView;

@@ -118,6 +118,56 @@ proptest! {
         let same = last.size == 1 || inner == 1;
         prop_assert_eq!(GridView::new(&grid, moved, [last.name.as_str()]).is_ok(), same);
     }
+
+    /// The view check compares run structures in O(dims); it must accept exactly when enumerating every group
+    /// finds the same partitions, and otherwise name the first rank with two different groups.
+    #[test]
+    fn view_check_agrees_with_enumeration(
+        (grid, shuffled, shared) in arb_grid(MAX_WORLD).prop_flat_map(|g| {
+            let dims = g.dims().to_vec();
+            let n = dims.len();
+            (Just(g), Just(dims).prop_shuffle(), proptest::collection::btree_set(0..n, 1..=n))
+        }),
+    ) {
+        let other = Grid::with_offset(shuffled, grid.offset()).unwrap();
+        let names: Vec<String> = shared.iter().map(|&i| grid.dims()[i].name.clone()).collect();
+        let partition = |g: &Grid, dims: &[String]| -> BTreeSet<Vec<usize>> {
+            g.groups(dims).unwrap().collect()
+        };
+        let mut checks: Vec<Vec<String>> = names.iter().map(|n| vec![n.clone()]).collect();
+        checks.push(names.clone());
+        let agree = checks.iter().all(|d| partition(&grid, d) == partition(&other, d));
+        match GridView::new(&grid, other.clone(), &names) {
+            Ok(_) => prop_assert!(agree, "accepted {} against {}", other, grid),
+            Err(crate::GridError::ViewMismatch { rank, view_group, base_group, .. }) => {
+                prop_assert!(!agree, "rejected {} against {}", other, grid);
+                prop_assert_eq!(rank, grid.offset());
+                prop_assert_ne!(view_group, base_group);
+            }
+            Err(e) => prop_assert!(false, "unexpected error {}", e),
+        }
+    }
+
+    #[test]
+    fn compact_groups_list_the_same_members((grid, dims) in arb_grid_and_dims(MAX_WORLD)) {
+        let size = grid.group_size_in(dims);
+        let parts = [3, 2, 1].into_iter().find(|p| size % p == 0).unwrap_or(1);
+        for rank in grid.ranks() {
+            let m = grid.group_of_in(rank, dims).unwrap();
+            let c = grid.compact_group_of_in(rank, dims).unwrap();
+            prop_assert_eq!(c.ranks.iter().collect::<Vec<_>>(), m.members.clone());
+            prop_assert_eq!((c.index, c.group, c.ranks.len()), (m.index, m.group, m.members.len()));
+            prop_assert_eq!(c.ranks.get(c.index), Some(rank));
+            // A part is the run of `size / parts` consecutive members of the whole group that holds the rank.
+            let p = grid.compact_group_part_of(rank, dims, parts).unwrap();
+            let len = size / parts;
+            let start = m.index / len * len;
+            prop_assert_eq!(p.ranks.len(), len);
+            prop_assert_eq!(p.index, m.index - start);
+            prop_assert_eq!(p.ranks.to_vec(), m.members[start..start + len].to_vec());
+            prop_assert_eq!(p.ranks.iter().collect::<Vec<_>>(), m.members[start..start + len].to_vec());
+        }
+    }
 }
 
 mod layouts {

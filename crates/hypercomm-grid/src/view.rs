@@ -7,7 +7,7 @@
 
 use std::ops::Deref;
 
-use crate::{Grid, GridError};
+use crate::{DimSet, Grid, GridError};
 
 /// A grid checked to agree with a base grid on its shared dimensions. Dereferences to the view's own [`Grid`].
 ///
@@ -84,25 +84,42 @@ impl Deref for GridView {
     }
 }
 
-/// Checks that `a` and `b` (over the same ranks) partition them into the same groups over `dims`. Both partition
-/// the same ranks, so it is enough that every group of `a` is, as a whole, the `b`-group of its first member.
+/// Checks that `a` and `b` (over the same ranks) partition them into the same groups over `dims`, in O(dims).
+///
+/// A grid's partition over a set depends only on its *runs*: the dimensions of size > 1 in grid order, adjacent
+/// ones merged while they are all in the set or all outside it. Equal runs give equal partitions. Unequal runs
+/// give a different group for the first rank, because that group determines the runs: its smallest step is the
+/// size of a leading outside run (or 1), the length of the arithmetic run that follows is the first inside run,
+/// and so on. So the runs are compared, and when they differ the first rank's two groups are the witness.
 fn same_groups(a: &Grid, b: &Grid, dims: &[String]) -> Result<(), GridError> {
-    let b_set = b.select(dims)?;
-    let mut groups = a.groups(dims)?;
-    let mut group = Vec::new();
-    while groups.next_into(&mut group) {
-        let first = group[0];
-        let other = b.group_of_in(first, b_set)?;
-        if other.members != group {
-            return Err(GridError::ViewMismatch {
-                dims: dims.join("-"),
-                rank: first,
-                view_group: other.members,
-                base_group: group,
-            });
+    let (a_set, b_set) = (a.select(dims)?, b.select(dims)?);
+    if partition_runs(a, a_set) == partition_runs(b, b_set) {
+        return Ok(());
+    }
+    let first = a.offset();
+    Err(GridError::ViewMismatch {
+        dims: dims.join("-"),
+        rank: first,
+        view_group: b.group_of_in(first, b_set)?.members,
+        base_group: a.group_of_in(first, a_set)?.members,
+    })
+}
+
+/// The runs of `grid` over `set`: `(inside the set, product of sizes)` for each maximal stretch of dimensions of
+/// size > 1 that are all inside or all outside, fastest first.
+fn partition_runs(grid: &Grid, set: DimSet) -> Vec<(bool, usize)> {
+    let mut runs: Vec<(bool, usize)> = Vec::new();
+    for (index, dim) in grid.dims().iter().enumerate() {
+        if dim.size == 1 {
+            continue;
+        }
+        let inside = set.contains(index);
+        match runs.last_mut() {
+            Some((was_inside, size)) if *was_inside == inside => *size *= dim.size,
+            _ => runs.push((inside, dim.size)),
         }
     }
-    Ok(())
+    runs
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
-//! Timing collection builds: every rank of a small world (threads sharing one in-process store) builds a full
-//! collection, by either bootstrap, and the time each rank takes is recorded. Used by `hypercomm bench
-//! --collection` (`--backend nccl` gives every group an NCCL communicator too) and `cargo bench --bench
-//! collection`.
+//! Timing collection builds: every rank of a small world builds a full collection, by either bootstrap, and the
+//! time each rank takes is recorded. Ranks are threads sharing one in-process store ([`time_builds`]) or processes
+//! sharing a TCP store, each calling [`time_builds_as_rank`]. Used by `hypercomm bench --collection [--processes] [--backend nccl]`
+//! and `cargo bench --bench collection`.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -145,6 +145,59 @@ pub fn time_builds(
             communicators = communicators.max(held);
         }
     }
+    Ok((times, communicators))
+}
+
+/// Builds the collection of `layout` (all kinds, all-gather groups on) `repeats` times as rank `rank` of a job whose
+/// ranks are processes sharing `store`; returns this rank's build times and the number of communicators it holds.
+///
+/// Every build starts after a barrier on a world communicator (`bench-<strategy>-world`, created first and not
+/// timed), so the ranks start together as the threads of [`time_builds`] do; the split strategy splits that
+/// communicator. Each rank of the job must call this with the same arguments but its rank.
+pub fn time_builds_as_rank(
+    layout: &ParallelLayout,
+    strategy: Strategy,
+    repeats: usize,
+    rank: usize,
+    store: Arc<dyn Store>,
+) -> Result<(Vec<Duration>, usize), CollectionError> {
+    let comm_err = |what: &str, source: hypercomm_comm::CommError| CollectionError::Invalid {
+        collection: "bench".into(),
+        what: format!("{what}: {source}"),
+    };
+    let world = Communicator::new(
+        BackendKind::Host,
+        Arc::clone(&store),
+        layout.ranks().collect(),
+        rank,
+        CommOptions::named(format!("bench-{}-world", strategy.name())),
+    )
+    .map_err(|e| comm_err("world communicator", e))?;
+    let mut times = Vec::with_capacity(repeats);
+    let mut communicators = 0;
+    for repeat in 0..repeats {
+        let builder = ProcessGroupCollection::for_layout(
+            format!("bench-{}-{repeat}", strategy.name()),
+            layout.clone(),
+        )
+        .with_all_gather_groups(true)
+        .with_timeout(Duration::from_secs(120));
+        world
+            .barrier()
+            .and_then(|w| w.wait())
+            .map_err(|e| comm_err("start barrier", e))?;
+        let start = Instant::now();
+        let pgc = match strategy {
+            Strategy::StoreKeyed => builder.build(rank, Arc::clone(&store))?,
+            Strategy::Split => builder.build_by_split(&world)?,
+        };
+        times.push(start.elapsed());
+        communicators = pgc.groups().filter(|id| pgc.get(id).is_ok()).count();
+    }
+    world
+        .barrier()
+        .and_then(|w| w.wait())
+        .map_err(|e| comm_err("end barrier", e))?;
     Ok((times, communicators))
 }
 

@@ -67,6 +67,13 @@ pub struct Args {
     /// With --collection: how many times each strategy builds the collection.
     #[arg(long, default_value_t = 20)]
     repeats: usize,
+    /// With --collection: run the 8 ranks as processes started through the launcher (`hypercomm launch`), talking
+    /// through a TCP store, instead of threads of this process.
+    #[arg(long, requires = "collection")]
+    processes: bool,
+    /// Internal: this process is one rank of `--collection --processes`.
+    #[arg(long, hide = true, requires = "collection")]
+    collection_worker: bool,
 }
 
 /// Parses `8B`, `4KiB`, `256MiB`, `1G`: a number with an optional binary unit.
@@ -127,7 +134,13 @@ fn row(r: &BenchResult) -> String {
 /// Runs the benchmark and prints, writes and draws its results.
 pub fn run(args: Args) -> Result<(), CliError> {
     if args.collection {
-        return run_collection(&args);
+        return super::collection_bench::run(&super::collection_bench::Settings {
+            backend: args.backend.name(),
+            repeats: args.repeats,
+            processes: args.processes,
+            worker: args.collection_worker,
+            json: args.json.as_deref(),
+        });
     }
     let op = BenchOp::from_name(&args.op).ok_or_else(|| {
         let names: Vec<_> = BenchOp::ALL.iter().map(|o| o.name()).collect();
@@ -349,86 +362,6 @@ fn human(bytes: f64) -> String {
         }
     }
     format!("{bytes:.0}B")
-}
-
-/// The GPU of each of `ranks` ranks for `--collection --backend nccl`, or what is missing.
-fn collection_gpus(
-    ranks: usize,
-) -> Result<Vec<std::sync::Arc<hypercomm_comm::device::Gpu>>, CliError> {
-    use hypercomm_comm::device::{DeviceRuntime, Gpu, bench::placement};
-    let failed = |why: String| CliError::Failed(format!("--collection --backend nccl: {why}"));
-    let runtime = DeviceRuntime::probe_with_env(|n| std::env::var_os(n))
-        .map_err(|e| failed(e.to_string()))?;
-    let multi_rank = std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").is_ok_and(|v| v == "1");
-    placement(
-        ranks,
-        runtime.device_count(),
-        runtime.nccl().version(),
-        multi_rank,
-    )
-    .map_err(|why| failed(format!("{ranks} ranks: {why}")))?
-    .into_iter()
-    .map(|d| Gpu::open(std::sync::Arc::clone(&runtime), d).map_err(|e| failed(e.to_string())))
-    .collect()
-}
-
-/// `hypercomm bench --collection`: median per-rank build time of a full collection, by each bootstrap; with
-/// `--backend nccl`, every group also gets an NCCL communicator.
-fn run_collection(args: &Args) -> Result<(), CliError> {
-    use process_group_collection::bench::{Strategy, full_layout_8, median, time_builds};
-    if args.repeats == 0 {
-        return Err(CliError::Usage("--repeats must be at least 1".into()));
-    }
-    let layout = full_layout_8();
-    let gpus = match args.backend {
-        Backend::Host => None,
-        Backend::Nccl => Some(collection_gpus(layout.world())?),
-    };
-    let mut results = Vec::new();
-    println!(
-        "collection build, 8 ranks as threads of one process, layout tp 2 cp 2 pp 2 ep 2 etp 1, 2 optimizer instances, hcp [2], backend {}; {} repeat(s)",
-        args.backend.name(),
-        args.repeats
-    );
-    println!(
-        "{:>8} {:>14} {:>12} {:>12} {:>12}",
-        "strategy", "communicators", "median ms", "min ms", "max ms"
-    );
-    for strategy in Strategy::ALL {
-        let (times, communicators) = time_builds(&layout, strategy, args.repeats, gpus.as_deref())
-            .map_err(|e| CliError::Failed(e.to_string()))?;
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let (lo, hi) = (
-            times.iter().min().copied().unwrap_or_default(),
-            times.iter().max().copied().unwrap_or_default(),
-        );
-        let med = median(&times);
-        println!(
-            "{:>8} {communicators:>14} {:>12.2} {:>12.2} {:>12.2}",
-            strategy.name(),
-            ms(med),
-            ms(lo),
-            ms(hi)
-        );
-        results.push(serde_json::json!({
-            "strategy": strategy.name(),
-            "backend": args.backend.name(),
-            "ranks": 8,
-            "communicators_per_rank": communicators,
-            "repeats": args.repeats,
-            "median_ms": ms(med),
-            "min_ms": ms(lo),
-            "max_ms": ms(hi),
-        }));
-    }
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&serde_json::json!({ "collection": results }))
-            .map_err(|e| CliError::Failed(format!("cannot encode JSON: {e}")))?;
-        std::fs::write(path, text + "\n")
-            .map_err(|e| CliError::Failed(format!("cannot write {}: {e}", path.display())))?;
-        println!("wrote {}", path.display());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -3,12 +3,12 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use hypercomm_grid::CompactMembership;
 use hypercomm_grid::layout::{GroupKind, ParallelLayout};
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::error::CliError;
-use crate::output::{OrderedMap, format_ranks, print_json, write_groups};
+use crate::output::{JsonStream, OrderedMap, format_group_ranks, print_json, write_groups};
 use crate::render::scene::{HostRow, layout_scene};
 use hypercomm_grid::topology::Placement;
 
@@ -68,12 +68,6 @@ struct AllGroups {
     groups: OrderedMap<Vec<Vec<usize>>>,
 }
 
-#[derive(Serialize)]
-struct RankGroups {
-    rank: usize,
-    groups: OrderedMap<Value>,
-}
-
 /// Runs `hypercomm layout`.
 pub fn run(args: Args) -> Result<(), CliError> {
     let layout = args.layout()?;
@@ -108,6 +102,9 @@ fn print_all(layout: &ParallelLayout, json: bool) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Prints one rank's groups. Each group is computed in compact form ([`CompactMembership`]) and its members are
+/// streamed straight to the output, so memory stays flat at any world size; the table shows long groups elided,
+/// so its time is flat too, while the JSON lists every member and takes time in proportion to what it prints.
 fn print_rank(layout: &ParallelLayout, rank: usize, json: bool) -> Result<(), CliError> {
     if !layout.ranks().contains(&rank) {
         return Err(CliError::Usage(format!(
@@ -116,37 +113,17 @@ fn print_rank(layout: &ParallelLayout, rank: usize, json: bool) -> Result<(), Cl
             layout.ranks().end
         )));
     }
-    let mut groups: OrderedMap<Value> = OrderedMap::default();
-    let mut rows = Vec::new();
+    let mut groups: Vec<(GroupKind, Vec<CompactMembership>)> = Vec::new();
     for kind in layout.kinds() {
-        let memberships = layout.memberships(rank, kind)?;
-        let value = match (kind, memberships.as_slice()) {
-            (_, []) => continue,
-            (GroupKind::Hcp, levels) => {
-                Value::from(levels.iter().map(|m| m.members.clone()).collect::<Vec<_>>())
-            }
-            (_, [m, ..]) => Value::from(m.members.clone()),
-        };
-        for (level, m) in memberships.iter().enumerate() {
-            let label = if kind == GroupKind::Hcp {
-                format!("{kind}[{level}]")
-            } else {
-                kind.name().to_owned()
-            };
-            rows.push((
-                label,
-                m.index,
-                m.members.len(),
-                m.group,
-                format_ranks(&m.members),
-            ));
+        let memberships = layout.compact_memberships(rank, kind)?;
+        if !memberships.is_empty() {
+            groups.push((kind, memberships));
         }
-        groups.0.push((kind.name().to_owned(), value));
     }
     if json {
-        return print_json(&RankGroups { rank, groups });
+        return write_rank_json(rank, &groups).map_err(CliError::from);
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     write_summary(&mut out, layout)?;
     writeln!(out, "rank {rank}:")?;
     writeln!(
@@ -154,14 +131,55 @@ fn print_rank(layout: &ParallelLayout, rank: usize, json: bool) -> Result<(), Cl
         "  {:<15} {:>11} {:>7}  members",
         "group", "rank/size", "group#"
     )?;
-    for (label, index, size, group, members) in rows {
-        writeln!(
-            out,
-            "  {label:<15} {:>11} {group:>7}  {members}",
-            format!("{index}/{size}")
-        )?;
+    for (kind, memberships) in &groups {
+        for (level, m) in memberships.iter().enumerate() {
+            let label = if *kind == GroupKind::Hcp {
+                format!("{kind}[{level}]")
+            } else {
+                kind.name().to_owned()
+            };
+            writeln!(
+                out,
+                "  {label:<15} {:>11} {:>7}  {}",
+                format!("{}/{}", m.index, m.ranks.len()),
+                m.group,
+                format_group_ranks(&m.ranks)
+            )?;
+        }
     }
+    out.flush()?;
     Ok(())
+}
+
+/// `{"rank":R,"groups":{"tp":[...],...,"hcp":[[...],...]}}`, as serde_json would print it, streamed.
+fn write_rank_json(
+    rank: usize,
+    groups: &[(GroupKind, Vec<CompactMembership>)],
+) -> std::io::Result<()> {
+    let mut out = JsonStream::new(std::io::stdout().lock());
+    out.raw("{\"rank\":");
+    out.number(rank);
+    out.raw(",\"groups\":{");
+    for (i, (kind, memberships)) in groups.iter().enumerate() {
+        out.raw(if i == 0 { "\"" } else { ",\"" });
+        // Kind names are lowercase ASCII words with `_`: nothing to escape.
+        out.raw(kind.name());
+        out.raw("\":");
+        if *kind == GroupKind::Hcp {
+            out.raw("[");
+            for (level, m) in memberships.iter().enumerate() {
+                if level > 0 {
+                    out.raw(",");
+                }
+                out.ranks(&m.ranks);
+            }
+            out.raw("]");
+        } else if let Some(m) = memberships.first() {
+            out.ranks(&m.ranks);
+        }
+    }
+    out.raw("}}\n");
+    out.finish()
 }
 
 fn write_summary(out: &mut impl Write, layout: &ParallelLayout) -> std::io::Result<()> {

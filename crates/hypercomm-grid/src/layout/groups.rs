@@ -5,7 +5,7 @@
 //! instances, hierarchical cp groups from cp split into levels.
 
 use crate::layout::{GroupKind, LayoutError, ParallelLayout};
-use crate::{Grid, Membership};
+use crate::{CompactMembership, Grid, GroupRanks, Membership};
 
 /// How a kind's groups are derived.
 enum Source<'a> {
@@ -227,36 +227,67 @@ impl ParallelLayout {
         rank: usize,
         kind: GroupKind,
     ) -> Result<Vec<Membership>, LayoutError> {
+        Ok(self
+            .compact_memberships(rank, kind)?
+            .iter()
+            .map(CompactMembership::to_membership)
+            .collect())
+    }
+
+    /// [`ParallelLayout::memberships`] with the members described, not listed: O(dims) time and space per group,
+    /// whatever the world size, even for groups that span the world.
+    ///
+    /// ```
+    /// use hypercomm_grid::layout::{GroupKind, LayoutConfig};
+    ///
+    /// let layout = LayoutConfig::new(1 << 40).tp(8).cp(2).ep(8).pp(16).build()?;
+    /// let intra = layout.compact_memberships(777, GroupKind::IntraDistOpt)?;
+    /// assert_eq!(intra[0].ranks.len(), 1 << 40);
+    /// let tp = &layout.compact_memberships(777, GroupKind::Tp)?[0];
+    /// assert_eq!(tp.ranks.iter().collect::<Vec<_>>(), (776..784).collect::<Vec<_>>());
+    /// # Ok::<(), hypercomm_grid::layout::LayoutError>(())
+    /// ```
+    pub fn compact_memberships(
+        &self,
+        rank: usize,
+        kind: GroupKind,
+    ) -> Result<Vec<CompactMembership>, LayoutError> {
         Ok(match self.source(kind)? {
-            Source::Dims(grid, dims) => vec![grid.group_of(rank, dims)?],
+            Source::Dims(grid, dims) => vec![grid.compact_group_of_in(rank, grid.select(dims)?)?],
             Source::Parts(grid, dims, parts) => {
-                vec![grid.group_part_of(rank, grid.select(dims)?, parts)?]
+                vec![grid.compact_group_part_of(rank, grid.select(dims)?, parts)?]
             }
             Source::Embedding | Source::PositionEmbedding => {
-                let pp = self.decoder.group_of(rank, ["pp"])?;
-                let last = pp.members.len() - 1;
-                let (first_rank, last_rank) = (pp.members[0], pp.members[last]);
-                let members = match kind {
+                let pp = self
+                    .decoder
+                    .compact_group_of_in(rank, self.decoder.select(["pp"])?)?;
+                let last = pp.ranks.len() - 1;
+                let (first_rank, last_rank) = match (pp.ranks.get(0), pp.ranks.get(last)) {
+                    (Some(first), Some(last)) => (first, last),
+                    _ => unreachable!("a pipeline group has at least one member"),
+                };
+                // First and last stage: base `first_rank` and one axis of two positions `last - first` apart.
+                let axes = match kind {
                     GroupKind::Embd if pp.index == 0 || pp.index == last => {
                         if last == 0 {
-                            vec![first_rank]
+                            Vec::new()
                         } else {
-                            vec![first_rank, last_rank]
+                            vec![(last_rank - first_rank, 2)]
                         }
                     }
-                    GroupKind::PosEmbd if pp.index == 0 => vec![first_rank],
+                    GroupKind::PosEmbd if pp.index == 0 => Vec::new(),
                     _ => return Ok(Vec::new()),
                 };
-                let index = usize::from(pp.index != 0);
-                vec![Membership {
-                    members,
-                    index,
+                let len = if axes.is_empty() { 1 } else { 2 };
+                vec![CompactMembership {
+                    ranks: GroupRanks::new(first_rank, axes, 0, len),
+                    index: usize::from(pp.index != 0),
                     group: pp.group,
                 }]
             }
             Source::Hierarchical(grid) => hcp_level_sets(grid, self.hcp_levels())?
                 .into_iter()
-                .map(|set| grid.group_of_in(rank, set))
+                .map(|set| grid.compact_group_of_in(rank, set))
                 .collect::<Result<_, _>>()?,
         })
     }

@@ -521,3 +521,69 @@ fn hcp_levels_are_reachable_one_by_one_and_agree_with_the_flat_stream() {
     assert!(e.contains("hcp has levels 0..2, not level 2"), "{e}");
     assert!(layout.hcp_group_of(3, 5).is_err());
 }
+
+/// One rank's groups cost O(dims), not O(world): at 2^50 ranks, where listing a world-sized group (`intra_dist_opt`
+/// holds half the world here) or checking the layout group by group could neither finish nor allocate, building
+/// the layout and describing every group of rank 777 must still work, and agree with the small worlds.
+#[test]
+fn one_rank_s_groups_do_not_depend_on_the_world_size() {
+    let rank = 777;
+    let mut small_groups: Option<Vec<Vec<usize>>> = None;
+    for world in [1usize << 16, 1 << 20, 1 << 50] {
+        let layout = LayoutConfig::new(world)
+            .tp(8)
+            .cp(2)
+            .ep(8)
+            .pp(16)
+            .dist_opt_instances(2)
+            .hcp_sizes(vec![2, 1])
+            .build()
+            .unwrap();
+        let (dp, edp) = (world / 256, world / 1024);
+        let expected_len = |kind: GroupKind| -> Vec<usize> {
+            match kind {
+                GroupKind::Tp | GroupKind::Ep | GroupKind::ExptTp => vec![8],
+                GroupKind::Pp => vec![16],
+                GroupKind::Mp => vec![128],
+                GroupKind::Embd | GroupKind::Cp | GroupKind::InterDistOpt => vec![2],
+                GroupKind::PosEmbd => vec![1],
+                GroupKind::TpCp => vec![16],
+                GroupKind::Hcp => vec![2, 1],
+                GroupKind::TpEp => vec![64],
+                GroupKind::TpEpPp => vec![1024],
+                GroupKind::TpDpCp => vec![16 * dp],
+                GroupKind::Dp | GroupKind::IntraDpCp => vec![dp],
+                GroupKind::DpCp | GroupKind::DpCpAg => vec![2 * dp],
+                GroupKind::ExptDp | GroupKind::ExptDpAg => vec![edp],
+                GroupKind::IntraExptDp => vec![edp / 2],
+                GroupKind::IntraDistOpt => vec![world / 2],
+            }
+        };
+        assert_eq!(layout.kinds().len(), GroupKind::ALL.len());
+        let mut small = Vec::new();
+        for kind in layout.kinds() {
+            let memberships = layout.compact_memberships(rank, kind).unwrap();
+            let lens: Vec<usize> = memberships.iter().map(|m| m.ranks.len()).collect();
+            assert_eq!(lens, expected_len(kind), "{kind} at world {world}");
+            for m in &memberships {
+                assert_eq!(m.ranks.get(m.index), Some(rank), "{kind} at world {world}");
+                let head: Vec<usize> = m.ranks.iter().take(1000).collect();
+                assert!(head.windows(2).all(|w| w[0] < w[1]), "{kind}: {head:?}");
+                let last = m.ranks.get(m.ranks.len() - 1).unwrap();
+                assert!(last < world, "{kind} at world {world}: last member {last}");
+                // Groups inside one pipeline stage and one data-parallel replica are the same in every world.
+                if [GroupKind::Tp, GroupKind::Cp, GroupKind::TpCp, GroupKind::Ep]
+                    .into_iter()
+                    .chain([GroupKind::ExptTp, GroupKind::TpEp, GroupKind::PosEmbd])
+                    .any(|k| k == kind)
+                {
+                    small.push(m.ranks.to_vec());
+                }
+            }
+        }
+        match &small_groups {
+            None => small_groups = Some(small),
+            Some(first) => assert_eq!(first, &small, "world {world}"),
+        }
+    }
+}
