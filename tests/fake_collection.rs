@@ -12,12 +12,12 @@ use std::time::Duration;
 use hypercomm_comm::device::{Gpu, ProcessGroup};
 use hypercomm_comm::{CommError, CommOptions, ReduceOp};
 use hypercomm_grid::layout::{LayoutConfig, ParallelLayout};
-use hypercomm_store::{MemoryStore, Store};
+
 use process_group_collection::{
     CollectionBuilder, CollectionError, GroupId, GroupOptions, ProcessGroupCollection,
 };
 
-use fake_support::{pass_under_fake, runtime};
+use fake_support::{pass_under_fake, ranks};
 
 const WORLD: usize = 8;
 const DEVICES: (&str, &str) = ("FAKE_GPU_DEVICES", "8");
@@ -47,27 +47,6 @@ fn builder(gpu: Arc<Gpu>) -> CollectionBuilder {
         .with_options(options())
         .with_timeout(Duration::from_secs(30))
         .with_gpu(gpu)
-}
-
-/// Runs `f(rank, gpu, store)` on `n` threads, rank `r` on fake device `r`.
-fn ranks<R: Send>(n: usize, f: impl Fn(usize, Arc<Gpu>, Arc<dyn Store>) -> R + Sync) -> Vec<R> {
-    let rt = runtime();
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let (gpu, store, f) = (
-                    Gpu::open(Arc::clone(&rt), r).unwrap(),
-                    Arc::clone(&store),
-                    &f,
-                );
-                s.spawn(move || f(r, gpu, store))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("a rank panicked"))
-            .collect()
-    })
 }
 
 /// For every group this rank is in: the NCCL communicator has the layout's members, its own stream, and an

@@ -15,31 +15,9 @@ use hypercomm_comm::device::{DeviceCommunicator, Gpu};
 use hypercomm_comm::{CommError, CommOptions, Element, ReduceOp};
 use hypercomm_store::{ClientOptions, MemoryStore, ServerOptions, Store, TcpStore};
 
-use fake_support::{FakeDir, pass_under_fake, require_pass, runtime, spawn_under_fake};
+use fake_support::{FakeDir, pass_under_fake, ranks, require_pass, runtime, spawn_under_fake};
 
 const DEVICES: &str = "FAKE_GPU_DEVICES";
-
-/// Runs `f(rank, gpu, store)` on `n` threads, rank `r` on fake device `r`, all sharing one store.
-fn ranks<R: Send>(n: usize, f: impl Fn(usize, Arc<Gpu>, Arc<dyn Store>) -> R + Sync) -> Vec<R> {
-    let rt = runtime();
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|r| {
-                let (gpu, store, f) = (
-                    Gpu::open(Arc::clone(&rt), r).unwrap(),
-                    Arc::clone(&store),
-                    &f,
-                );
-                s.spawn(move || f(r, gpu, store))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank panicked"))
-            .collect()
-    })
-}
 
 fn options(name: &str, timeout: Duration) -> CommOptions {
     CommOptions {

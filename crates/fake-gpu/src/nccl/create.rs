@@ -176,6 +176,43 @@ impl ChildOut {
     }
 }
 
+/// A child communicator a split or shrink creates, once its members are known.
+struct ChildSpec {
+    /// Told apart from the parent's directory name by this suffix.
+    suffix: String,
+    rank: usize,
+    nranks: usize,
+    name: String,
+    blocking: bool,
+}
+
+impl ChildSpec {
+    /// Creates the child's directory and communicator and writes its handle through `slot`.
+    ///
+    /// # Safety
+    ///
+    /// As [`ChildOut::write`].
+    unsafe fn create_into(
+        self,
+        parent: &Comm,
+        slot: ChildOut,
+    ) -> Result<(), (ncclResult_t, String)> {
+        let base = parent
+            .dir
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let dir = parent.dir.with_file_name(format!("{base}-{}", self.suffix));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| (SYSTEM_ERROR, format!("creating {}: {e}", dir.display())))?;
+        let child = Comm::new(dir, self.rank, self.nranks, self.name, !self.blocking);
+        child.linger(knobs::init_polls());
+        // SAFETY: the caller's contract.
+        unsafe { slot.write(into_handle(child)) };
+        Ok(())
+    }
+}
+
 /// `ncclCommSplit`: `*newcomm` is null until the split completes; then the child (none for
 /// `NCCL_SPLIT_NOCOLOR`).
 ///
@@ -231,20 +268,16 @@ pub unsafe extern "C" fn ncclCommSplit(
         }
         members.sort_unstable();
         let rank = members.iter().position(|&(_, r)| r == p.rank).unwrap_or(0);
-        let dir = p.dir.with_file_name(format!(
-            "{}-x{k}-c{color}",
-            p.dir
-                .file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        ));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| (SYSTEM_ERROR, format!("creating {}: {e}", dir.display())))?;
-        let child = Comm::new(dir, rank, members.len(), name, !child_blocking);
-        child.linger(knobs::init_polls());
+        let child = ChildSpec {
+            suffix: format!("x{k}-c{color}"),
+            rank,
+            nranks: members.len(),
+            name,
+            blocking: child_blocking,
+        };
         // SAFETY: `out` stays valid until the parent reports completion (the contract), which it does only after
         // this job returns.
-        unsafe { slot.write(into_handle(child)) };
+        unsafe { child.create_into(&p, slot) }?;
         Ok(())
     })
 }
@@ -333,19 +366,15 @@ pub unsafe extern "C" fn ncclCommShrink(
             ));
         }
         let rank = survivors.iter().position(|&r| r == p.rank).unwrap_or(0);
-        let dir = p.dir.with_file_name(format!(
-            "{}-k{k}",
-            p.dir
-                .file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        ));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| (SYSTEM_ERROR, format!("creating {}: {e}", dir.display())))?;
-        let child = Comm::new(dir, rank, survivors.len(), name, !child_blocking);
-        child.linger(knobs::init_polls());
+        let child = ChildSpec {
+            suffix: format!("k{k}"),
+            rank,
+            nranks: survivors.len(),
+            name,
+            blocking: child_blocking,
+        };
         // SAFETY: as in ncclCommSplit.
-        unsafe { slot.write(into_handle(child)) };
+        unsafe { child.create_into(&p, slot) }?;
         Ok(())
     })
 }

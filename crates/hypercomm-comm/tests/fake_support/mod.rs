@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 
-use hypercomm_comm::device::DeviceRuntime;
+use hypercomm_comm::device::{DeviceRuntime, Gpu};
+use hypercomm_store::{MemoryStore, Store};
 
 /// Set in the children, so their tests know they run under the fake.
 pub const UNDER_FAKE: &str = "HYPERCOMM_UNDER_FAKE_GPU";
@@ -118,4 +119,27 @@ pub fn runtime() -> Arc<DeviceRuntime> {
         "this test runs only under fake-gpu, started by a suite_* test of this binary"
     );
     DeviceRuntime::probe_with_env(|n| std::env::var_os(n)).expect("the fake driver and nccl load")
+}
+
+/// Runs `f(rank, gpu, store)` on `n` threads, rank `r` on fake device `r`, all sharing one in-process store; the
+/// results in rank order (a rank that panics fails the caller).
+pub fn ranks<R: Send>(n: usize, f: impl Fn(usize, Arc<Gpu>, Arc<dyn Store>) -> R + Sync) -> Vec<R> {
+    let rt = runtime();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let (gpu, store, f) = (
+                    Gpu::open(Arc::clone(&rt), r).unwrap(),
+                    Arc::clone(&store),
+                    &f,
+                );
+                s.spawn(move || f(r, gpu, store))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
+    })
 }

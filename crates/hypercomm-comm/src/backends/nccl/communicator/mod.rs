@@ -119,6 +119,23 @@ impl DeviceCommunicator {
         Ok(self)
     }
 
+    /// Takes ownership of a split's or shrink's child and waits until NCCL has finished creating it.
+    fn adopt_child(
+        &self,
+        handle: raw::CommHandle,
+        options: &CommOptions,
+        settings: &NcclSettings,
+    ) -> Result<NcclComm, CommError> {
+        NcclComm::adopt(
+            Arc::clone(self.gpu.runtime()),
+            handle,
+            Progress::Pending,
+            options.name.clone(),
+            options.timeout,
+            settings.non_blocking(),
+        )
+    }
+
     fn next_child(&self) -> usize {
         self.children
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -240,14 +257,7 @@ impl DeviceCommunicator {
                 ));
             }
         };
-        let child = NcclComm::adopt(
-            Arc::clone(self.gpu.runtime()),
-            handle,
-            Progress::Pending,
-            options.name.clone(),
-            options.timeout,
-            settings.non_blocking(),
-        )?;
+        let child = self.adopt_child(handle, &options, &settings)?;
         let count = child.count()?;
         let rank = child.user_rank()?;
         Self::assemble(
@@ -301,14 +311,7 @@ impl DeviceCommunicator {
                 "the shrink completed without a child communicator".into(),
             )
         })?;
-        let child = NcclComm::adopt(
-            Arc::clone(self.gpu.runtime()),
-            handle,
-            Progress::Pending,
-            options.name.clone(),
-            options.timeout,
-            settings.non_blocking(),
-        )?;
+        let child = self.adopt_child(handle, &options, &settings)?;
         let ranks: Vec<usize> = (0..self.size())
             .filter(|r| !exclude.contains(r))
             .map(|r| self.ranks[r])
