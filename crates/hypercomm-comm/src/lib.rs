@@ -17,6 +17,9 @@
 
 mod backend;
 mod backends;
+// Measuring code shared by the `hypercomm bench` command and `benches/`, not part of the library's face: public so
+// those two can reach it, hidden from the docs so users do not build on it.
+#[doc(hidden)]
 pub mod bench;
 mod checks;
 mod communicator;
@@ -28,6 +31,7 @@ mod nccl_options;
 mod options;
 mod reduce;
 mod shrink;
+mod strided;
 mod work;
 
 pub use communicator::{Communicator, InOut};

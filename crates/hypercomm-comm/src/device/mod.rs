@@ -17,7 +17,6 @@
 //! the NCCL and CUDA paths are written against cudarc 0.19 and NCCL 2.28 but have not yet run on a GPU (see
 //! `docs/gpu-validation.md`).
 
-mod layout;
 mod routing;
 
 pub use crate::backends::nccl::DeviceRuntime;
@@ -25,7 +24,7 @@ pub use crate::backends::nccl::bench;
 pub use crate::backends::nccl::communicator::{DeviceCommunicator, DeviceInOut, DeviceWork};
 pub use crate::backends::nccl::gpu::{DeviceBuffer, Gpu};
 pub use crate::backends::nccl::probe::{DriverInfo, MIN_DRIVER_VERSION};
-pub use layout::StridedLayout;
+pub use crate::strided::StridedLayout;
 pub use routing::{
     DeviceSide, GroupWork, Location, OneBufWork, Placed, PlacedBuf, ProcessGroup, Route,
     TwoBufWork, route,

@@ -8,6 +8,7 @@
 mod algorithms;
 mod bootstrap;
 mod header;
+mod liveness;
 mod mesh;
 mod segment;
 mod shm;

@@ -344,7 +344,7 @@ fn sweep_stale(dir: &Path) {
         else {
             continue;
         };
-        if pid != std::process::id() && !super::shm::process_alive(pid) {
+        if pid != std::process::id() && !super::liveness::process_alive(pid) {
             // Another rank may sweep the same file at the same moment; either removal is fine.
             let _ = std::fs::remove_file(entry.path());
         }
@@ -408,7 +408,7 @@ mod sweep_tests {
             std::fs::write(f, b"x").unwrap();
         }
         sweep_stale(&dir);
-        assert_eq!(stale.exists(), super::super::shm::process_alive(dead));
+        assert_eq!(stale.exists(), super::super::liveness::process_alive(dead));
         assert!(mine.exists());
         assert!(other.exists());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use super::header::{HEADER_BYTES, Header, disagreement};
+use super::liveness::process_alive;
 use super::segment::{PREFIX, Segment};
 use super::transport::{Consume, Peers, Round, Transport, resolve};
 use crate::CommError;
@@ -191,26 +192,6 @@ impl ShmTransport {
             what: format!("rank {from} wrote an undecodable operation header"),
         })?;
         Ok((header, u64::from_le_bytes(len) as usize))
-    }
-}
-
-/// Whether a process exists and is not a zombie.
-pub(crate) fn process_alive(pid: u32) -> bool {
-    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
-        return true;
-    };
-    match rustix::process::test_kill_process(p) {
-        Ok(()) => {}
-        // The process exists but belongs to someone else.
-        Err(rustix::io::Errno::PERM) => return true,
-        Err(_) => return false,
-    }
-    // A killed child that its parent has not reaped yet still answers kill(0); its state in /proc says 'Z'.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z')),
-        Err(_) => true,
     }
 }
 

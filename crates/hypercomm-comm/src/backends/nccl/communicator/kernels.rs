@@ -7,8 +7,8 @@ use super::super::gpu::{DeviceBuffer, cuda_err};
 use super::super::raw::Call;
 use super::{DeviceCommunicator, DeviceWork};
 use crate::CommError;
-use crate::device::StridedLayout;
 use crate::element::{Element, ReduceOp};
+use crate::strided::StridedLayout;
 
 impl DeviceCommunicator {
     /// All-reduce in place over the elements of `view` in `buf`. A contiguous view runs directly on its part of

@@ -1,0 +1,23 @@
+//! Whether a rank's process is still alive: what shared-memory peers check before they wait on one another, and
+//! what a new segment's creator checks before sweeping files of dead ones. Its own room, so that the transport
+//! (`shm`) and the segment files (`segment`) both use it without importing each other.
+
+/// Whether a process exists and is not a zombie.
+pub(crate) fn process_alive(pid: u32) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return true;
+    };
+    match rustix::process::test_kill_process(p) {
+        Ok(()) => {}
+        // The process exists but belongs to someone else.
+        Err(rustix::io::Errno::PERM) => return true,
+        Err(_) => return false,
+    }
+    // A killed child that its parent has not reaped yet still answers kill(0); its state in /proc says 'Z'.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
