@@ -232,8 +232,8 @@ fn a_stalled_rank_fails_the_others_within_the_timeout_naming_it() {
         for (rank, (err, elapsed, rest)) in results.iter().enumerate().take(2) {
             assert!(err.contains(&format!("stall-{tcp}")), "rank {rank}: {err}");
             // Rank 2 is always among the missing; on shared memory a rank may also report the other survivor's
-            // abort, which itself names rank 2.
-            assert!(err.contains('2'), "rank {rank}: {err}");
+            // abort, which itself names rank 2 in its list of lost ranks.
+            assert!(names_rank_in_a_list(err, 2), "rank {rank}: {err}");
             assert!(*elapsed < timeout * 4, "rank {rank} took {elapsed:?}");
             assert!(rest.contains("broken"), "rank {rank}: {rest}");
         }
@@ -318,4 +318,29 @@ fn shared_memory_files_are_gone_once_every_rank_attached() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(shm_files_of_this_process(), Vec::<String>::new());
+}
+
+/// Whether `err` names `rank` inside one of its rank lists (`rank(s) [0, 2]`, `lost [2]`), not merely some digit
+/// 2 elsewhere (a communicator name, a duration).
+fn names_rank_in_a_list(err: &str, rank: usize) -> bool {
+    err.split('[').skip(1).any(|rest| {
+        rest.split(']').next().is_some_and(|list| {
+            list.split(',')
+                .any(|r| r.trim().parse::<usize>() == Ok(rank))
+        })
+    })
+}
+
+#[test]
+fn a_rank_list_check_does_not_take_any_digit_for_the_rank() {
+    assert!(names_rank_in_a_list(
+        "communicator c: rank(s) [2] did not respond",
+        2
+    ));
+    assert!(names_rank_in_a_list("aborted by rank 1 (lost [0, 2])", 2));
+    assert!(!names_rank_in_a_list(
+        "communicator stall-2: rank(s) [1] died within 2s",
+        2
+    ));
+    assert!(!names_rank_in_a_list("rank(s) [12] died", 2));
 }
