@@ -57,6 +57,23 @@ impl Engine {
         {
             *lost = failure::fetch(self.store.as_ref(), &self.comm, *by, self.size);
         }
+        // A peer that vanished may have been the messenger: it lost another rank, published that, aborted and
+        // exited before its abort reached us. Name the rank it lost, not the messenger.
+        if let Err(CommError::PeerDied {
+            comm,
+            ranks,
+            during,
+        }) = &result
+            && let Some((by, lost)) =
+                failure::messenger(self.store.as_ref(), &self.comm, ranks, self.size)
+        {
+            result = Err(CommError::AbortedByPeer {
+                comm: comm.clone(),
+                by,
+                during: during.clone(),
+                lost,
+            });
+        }
         if let Err(e) = &result
             && e.is_fatal()
         {

@@ -79,6 +79,34 @@ pub(crate) fn fetch(store: &dyn Store, comm: &str, by: usize, size: usize) -> Ve
         .unwrap_or_default()
 }
 
+/// How long a rank that saw peers vanish waits, in all, for their failure records (see [`messenger`]).
+pub(crate) const MESSENGER_WAIT: Duration = Duration::from_millis(1000);
+
+/// Of `gone`, the ranks of `comm` (of `size` ranks) whose processes or connections just vanished, the first that
+/// had published a failure record, with the ranks that record names: that peer did not die of its own accord, it
+/// aborted (and exited) because it lost those ranks, and publishes its record before it aborts. A rank that was
+/// itself killed publishes nothing. Waits at most [`MESSENGER_WAIT`] in all.
+pub(crate) fn messenger(
+    store: &dyn Store,
+    comm: &str,
+    gone: &[usize],
+    size: usize,
+) -> Option<(usize, Vec<usize>)> {
+    let deadline = std::time::Instant::now() + MESSENGER_WAIT;
+    for &peer in gone {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // Each later peer still gets a moment: its record may have landed while we waited for an earlier one.
+        let wait = left.max(Duration::from_millis(20));
+        if let Ok(record) = store.get(&key(comm, peer), wait) {
+            let lost = decode(&record, size);
+            if !lost.is_empty() {
+                return Some((peer, lost));
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +122,24 @@ mod tests {
         assert_eq!(fetch(store.as_ref(), "c", 3, 8), vec![1, 4]);
         // Nothing published: empty, after the bounded wait.
         assert_eq!(fetch(store.as_ref(), "c", 0, 8), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn a_vanished_peer_with_a_record_was_the_messenger() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        // Rank 0 lost rank 3, published that, aborted and exited; rank 1 was killed and published nothing.
+        publish(&store, "c", 0, &[3]);
+        assert_eq!(
+            messenger(store.as_ref(), "c", &[1, 0], 4),
+            Some((0, vec![3]))
+        );
+        assert_eq!(
+            messenger(store.as_ref(), "c", &[1], 4),
+            None,
+            "a killed rank leaves no record"
+        );
+        // A deliberate abort (an empty record) names no culprit.
+        publish(&store, "c", 2, &[]);
+        assert_eq!(messenger(store.as_ref(), "c", &[2], 4), None);
     }
 }
