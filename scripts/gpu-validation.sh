@@ -75,6 +75,10 @@ PY
                 --json "$out/bench-${n}rank-$op.json" --plot "$out/bench-${n}rank-$op.svg" 2>&1 \
                 | tee "$out/bench-${n}rank-$op.log" || status=1
         done
+        # The same all-reduce on blocking communicators: what NCCL's non-blocking mode costs per call.
+        "$bin/hypercomm" bench --backend nccl -n "$n" --op all_reduce --sizes 8B:64MiB --overhead-batches 51 \
+            --blocking --json "$out/bench-${n}rank-all_reduce-blocking.json" 2>&1 \
+            | tee "$out/bench-${n}rank-all_reduce-blocking.log" || status=1
     done
     # Building a full collection (8 ranks, ~21 groups each) with an NCCL communicator per group, beside the host
     # figure: 8 ranks on one GPU need the 2.30 library.
@@ -84,6 +88,8 @@ PY
                 --json "$out/collection-$backend.json" 2>&1 | tee "$out/collection-$backend.log" || status=1
         done
     fi
+    # The device tool brings back only a few files: pack everything into one archive beside the folder.
+    tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && echo "packed $out.tgz"
     exit "$status"
     ;;
 *)

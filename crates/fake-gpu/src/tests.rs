@@ -163,7 +163,10 @@ fn ranks_as_threads_reduce_real_data_and_split_writes_the_child_late() {
                     settle(c);
                     // SAFETY: as above.
                     let r = unsafe { ncclCommSplit(c, 0, -rank, &mut out, &mut config) };
-                    assert_eq!(r, 7);
+                    assert_eq!(
+                        r, 0,
+                        "a non-blocking split answers ncclSuccess while its job runs, as NCCL does"
+                    );
                     settle(c);
                     assert!(
                         !out.is_null(),

@@ -265,11 +265,30 @@ fn fake_shrink_and_split() {
         comm.split(Some(u32::MAX), 0).is_err(),
         "colors must fit an int"
     );
+    // NCCL (and the fake) refuse ncclCommShrink with nothing to exclude; excluding nobody is a copy.
     let shrunk = comm.shrink(&[], false).unwrap();
     assert_eq!(shrunk.ranks(), [0]);
     assert!(
+        shrunk.name().starts_with("parent/shrink"),
+        "{}",
+        shrunk.name()
+    );
+    assert!(
         comm.shrink(&[1], false).is_err(),
         "rank 1 of a 1-rank communicator"
+    );
+    let own = comm
+        .shrink(&[0], false)
+        .map(|_| ())
+        .expect_err("a rank cannot exclude itself");
+    assert!(own.to_string().contains("excludes itself"), "{own}");
+    let empty_abort = comm
+        .shrink(&[], true)
+        .map(|_| ())
+        .expect_err("abort_first needs failed ranks");
+    assert!(
+        empty_abort.to_string().contains("abort_first"),
+        "{empty_abort}"
     );
     let buf = shrunk
         .all_reduce(gpu.upload(&[2.5f64]).unwrap(), ReduceOp::Sum)

@@ -87,6 +87,18 @@ fn run_job(
     }
 }
 
+/// What `ncclCommSplit` and `ncclCommShrink` answer: NCCL passes on the result of setting the child up, not its
+/// group end's `ncclInProgress`, so a non-blocking split or shrink answers `ncclSuccess` while its job still
+/// runs; only the parent's `ncclCommGetAsyncError` tells when the child has been written (NCCL 2.28 and 2.30,
+/// `ncclCommSplit` and `ncclCommShrink` in `src/init.cc`; seen on an H100).
+fn child_job_answer(answer: ncclResult_t) -> ncclResult_t {
+    if answer == IN_PROGRESS {
+        SUCCESS
+    } else {
+        answer
+    }
+}
+
 /// `ncclCommInitRankConfig`: the handle is written at once; the ranks meet before (blocking) or after
 /// (non-blocking) the call returns.
 ///
@@ -214,7 +226,8 @@ impl ChildSpec {
 }
 
 /// `ncclCommSplit`: `*newcomm` is null until the split completes; then the child (none for
-/// `NCCL_SPLIT_NOCOLOR`).
+/// `NCCL_SPLIT_NOCOLOR`). A non-blocking parent answers `ncclSuccess` at once and `ncclInProgress` from
+/// `ncclCommGetAsyncError` until then ([`child_job_answer`]).
 ///
 /// # Safety
 ///
@@ -249,7 +262,7 @@ pub unsafe extern "C" fn ncclCommSplit(
     let k = parent.next_control();
     let slot = ChildOut(out as usize);
     let p = Arc::clone(&parent);
-    run_job(&parent, move || {
+    let answer = run_job(&parent, move || {
         let mine = [color.to_le_bytes(), key.to_le_bytes()].concat();
         let all: Vec<usize> = (0..p.nranks).collect();
         let records = p
@@ -279,7 +292,8 @@ pub unsafe extern "C" fn ncclCommSplit(
         // this job returns.
         unsafe { child.create_into(&p, slot) }?;
         Ok(())
-    })
+    });
+    child_job_answer(answer)
 }
 
 /// `ncclCommShrink`: a child of the ranks not in `exclude`, written as for [`ncclCommSplit`].
@@ -327,7 +341,13 @@ pub unsafe extern "C" fn ncclCommShrink(
         );
         return INVALID_ARGUMENT;
     }
-    if excluded.len() == parent.nranks {
+    // NCCL refuses an empty list (`excludeRanksCount > 0`, ncclCommInitChildComm), seen on an H100.
+    if excluded.is_empty() || excluded.len() == parent.nranks {
+        eprintln!(
+            "fake-nccl: ncclCommShrink on {}: {} ranks to exclude",
+            parent.label(),
+            excluded.len()
+        );
         return INVALID_ARGUMENT;
     }
     if flags & SHRINK_ABORT != 0 {
@@ -347,7 +367,7 @@ pub unsafe extern "C" fn ncclCommShrink(
     let k = parent.next_control();
     let slot = ChildOut(out as usize);
     let p = Arc::clone(&parent);
-    run_job(&parent, move || {
+    let answer = run_job(&parent, move || {
         let survivors: Vec<usize> = (0..p.nranks).filter(|r| !excluded.contains(r)).collect();
         let mine: Vec<u8> = excluded
             .iter()
@@ -376,5 +396,6 @@ pub unsafe extern "C" fn ncclCommShrink(
         // SAFETY: as in ncclCommSplit.
         unsafe { child.create_into(&p, slot) }?;
         Ok(())
-    })
+    });
+    child_job_answer(answer)
 }

@@ -3,9 +3,9 @@
 //!
 //! - **Ranks meet through files** ([`exchange`]) in a directory named by the unique id, so threads and processes
 //!   are served by the same code, and collectives exchange and reduce real data ([`reduce`]).
-//! - **Asynchrony**: a non-blocking communicator's creation, split and shrink run on a thread of the fake and
-//!   answer `ncclInProgress`; a split or shrink writes the child's handle through the caller's `newcomm` pointer
-//!   only when it completes, as NCCL does. Collectives and sends run when their stream reaches them
+//! - **Asynchrony**: a non-blocking communicator's creation, split and shrink run on a thread of the fake; the
+//!   creation answers `ncclInProgress`, a split or shrink answers `ncclSuccess` (as NCCL does, though its job
+//!   still runs) and writes the child's handle through the caller's `newcomm` pointer only when it completes. Collectives and sends run when their stream reaches them
 //!   ([`crate::stream`]). After each enqueue a non-blocking communicator stays in progress for
 //!   `FAKE_NCCL_OP_POLLS` polls, and a call on a communicator still in progress is refused as NCCL refuses it.
 //! - **Validation**: configs are checked as `parseCommConfig` checks them ([`config`]), ranks and peers as

@@ -64,6 +64,10 @@ pub struct Args {
     /// With --backend nccl: batches of each side when timing the host cost of one call.
     #[arg(long, default_value_t = 21)]
     overhead_batches: usize,
+    /// With --backend nccl: blocking NCCL communicators (`blocking = 1` in their config) instead of hypercomm's
+    /// default, non-blocking ones polled by the backend; to compare the host cost of the two modes.
+    #[arg(long)]
+    blocking: bool,
     /// With --collection: how many times each strategy builds the collection.
     #[arg(long, default_value_t = 20)]
     repeats: usize,
@@ -241,6 +245,10 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
         sizes: sizes.clone(),
         options: CommOptions {
             timeout: Duration::from_secs(120),
+            nccl: hypercomm_comm::NcclOptions {
+                blocking: args.blocking.then_some(true),
+                ..Default::default()
+            },
             ..CommOptions::named("bench")
         },
         max_iters: args.iters.max(1),
@@ -249,11 +257,16 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
         multi_rank_gpu_enabled,
     };
     println!(
-        "# hypercomm bench: {} on {} ranks (threads in one process), backend nccl {} ({})",
+        "# hypercomm bench: {} on {} ranks (threads in one process), backend nccl {} ({}), {} communicators",
         op.name(),
         ranks,
         runtime.nccl().version(),
-        runtime.nccl().origin()
+        runtime.nccl().origin(),
+        if args.blocking {
+            "blocking"
+        } else {
+            "non-blocking"
+        }
     );
     println!(
         "# busbw factor {:.3}; time is the median over 5 batches of the mean per operation (cuda events)",
@@ -294,6 +307,7 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
                 "bytes": device_bench::OVERHEAD_BYTES, "calls": o.calls, "batches": o.batches,
                 "raw_ns": o.raw_ns, "hypercomm_ns": o.hypercomm_ns, "extra_ns": o.extra_ns(),
                 "raw_in_progress": o.raw_in_progress, "ranks": report.devices.len(),
+                "blocking": args.blocking,
             })
         });
         write_json(path, "nccl", &report.results, overhead)?;

@@ -9,8 +9,9 @@
 //! enough. `ncclCommSplit` and `ncclCommShrink` are different: on a non-blocking parent NCCL keeps the
 //! `newcomm` address in an asynchronous job, sets `*newcomm` to null at once, and writes the child's handle
 //! only when the job completes, from its own thread (`ncclCommInitChildComm`, "`*newcomm` should be
-//! NCCL_COMM_NULL until comm split fully complete"). Their child goes into a [`ChildSlot`] on the heap, read
-//! only after the parent reports completion, and leaked rather than freed when it never does.
+//! NCCL_COMM_NULL until comm split fully complete"), and they return `ncclSuccess`, not `ncclInProgress`, while
+//! that job runs. Their child goes into a [`ChildSlot`] on the heap, read only after the parent's
+//! `ncclCommGetAsyncError` reports completion, and leaked rather than freed when it never does.
 
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -184,15 +185,17 @@ impl Drop for ChildSlot {
 unsafe impl Send for ChildSlot {}
 
 /// `ncclCommSplit`; `color` `None` is `NCCL_SPLIT_NOCOLOR` (no child is written then). The child lands in the
-/// returned slot when the split completes: at once for a blocking parent, when the parent stops answering
-/// `Pending` otherwise.
+/// returned slot when the split completes: at once for a blocking parent, when the parent's [`async_error`] stops
+/// answering `Pending` otherwise. NCCL answers `ncclSuccess` here even while a non-blocking split is still
+/// running (its group end's `ncclInProgress` is not passed on), so the call's own answer says nothing about
+/// completion.
 pub(crate) fn split(
     nccl: &Nccl,
     parent: CommHandle,
     color: Option<u32>,
     key: i64,
     settings: &NcclSettings,
-) -> Result<(ChildSlot, Progress), NcclError> {
+) -> Result<ChildSlot, NcclError> {
     let api = nccl.api(Function::CommSplit)?;
     let color = color.map_or(sys::NCCL_SPLIT_NOCOLOR, |c| {
         c_int::try_from(c).unwrap_or(c_int::MAX)
@@ -204,8 +207,8 @@ pub(crate) fn split(
     // NCCL is done with it (ChildSlot's invariant); `config` is a live local whose strings live in `settings`
     // for the call (NCCL copies the config).
     let raw = unsafe { api.ncclCommSplit(parent.0, color, key, slot.out(), &mut config) };
-    let p = progress(nccl, Function::CommSplit, raw, parent.0)?;
-    Ok((slot, p))
+    progress(nccl, Function::CommSplit, raw, parent.0)?;
+    Ok(slot)
 }
 
 /// `ncclCommShrink` without the ranks in `exclude` (NCCL 2.27+; the gate refuses older libraries). The child
@@ -216,7 +219,7 @@ pub(crate) fn shrink(
     exclude: &[usize],
     settings: &NcclSettings,
     abort_first: bool,
-) -> Result<(ChildSlot, Progress), NcclError> {
+) -> Result<ChildSlot, NcclError> {
     let api = nccl.api(Function::CommShrink)?;
     let mut list: Vec<c_int> = exclude.iter().map(|&r| to_int(r)).collect();
     let slot = ChildSlot::new();
@@ -238,8 +241,8 @@ pub(crate) fn shrink(
             flags,
         )
     };
-    let p = progress(nccl, Function::CommShrink, raw, parent.0)?;
-    Ok((slot, p))
+    progress(nccl, Function::CommShrink, raw, parent.0)?;
+    Ok(slot)
 }
 
 /// `ncclCommCount`: the number of ranks.

@@ -236,16 +236,15 @@ impl DeviceCommunicator {
         }
         let nccl = self.gpu.runtime().nccl();
         let settings = translate(&options, nccl.version())?;
-        let (mut slot, first) = self.comm.with_handle(|parent| {
+        let mut slot = self.comm.with_handle(|parent| {
             raw::split(nccl, parent, color, key, &settings)
                 .map_err(|e| self.comm.error("ncclCommSplit", e))
         })?;
-        // A non-blocking split is in progress on the parent, and NCCL writes the child into the slot only when it
-        // completes: wait for the parent to settle before reading it. (On an error the slot is leaked, not
-        // freed: NCCL may still write to it.)
-        if first == Progress::Pending {
-            self.comm.wait_ready("splitting")?;
-        }
+        // On a non-blocking parent the split goes on in NCCL's own thread and NCCL writes the child into the slot
+        // only when it completes, and `ncclCommSplit` answers ncclSuccess, not ncclInProgress, all the same
+        // (seen on an H100 with NCCL 2.28.3 and 2.30.7): whatever it answered, wait for the parent to settle
+        // before reading the slot. (On an error the slot is leaked, not freed: NCCL may still write to it.)
+        self.comm.wait_ready("splitting")?;
         slot.settle();
         let handle = match (color, slot.child()) {
             (None, _) => return Ok(None),
@@ -273,7 +272,12 @@ impl DeviceCommunicator {
 
     /// A communicator without the ranks in `exclude` (positions in this communicator), with `ncclCommShrink`
     /// (NCCL 2.27 or newer; older is [`CommError::Unavailable`]). With `abort_first`, in-flight work is aborted
-    /// first, for shrinking after a failure. Collective over the remaining ranks.
+    /// first, for shrinking after a failure. Collective over the remaining ranks, which pass the same list; an
+    /// excluded rank does not call it.
+    ///
+    /// Excluding nobody gives a copy over the same ranks in the same order, as on the host (NCCL itself refuses
+    /// an empty list, so that copy is made with `ncclCommSplit`); with `abort_first` an empty list is an error,
+    /// since shrinking after a failure means excluding the ranks that failed.
     pub fn shrink(
         &self,
         exclude: &[usize],
@@ -291,19 +295,50 @@ impl DeviceCommunicator {
                 self.size()
             )));
         }
+        let mut sorted = exclude.to_vec();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(self.invalid(format!(
+                "shrink excludes rank {} twice in {exclude:?}",
+                w[0]
+            )));
+        }
+        if sorted.binary_search(&self.rank).is_ok() {
+            return Err(self.invalid(format!(
+                "rank {} called shrink but excludes itself in {exclude:?}; excluded ranks do not call shrink",
+                self.rank
+            )));
+        }
         let options = CommOptions {
             name: format!("{}/shrink{}", self.options.name, self.next_child()),
             ..self.options.clone()
         };
+        if exclude.is_empty() {
+            if abort_first {
+                return Err(self.invalid(
+                    "shrink with abort_first excludes nobody; shrinking after a failure needs the failed ranks"
+                        .into(),
+                ));
+            }
+            // One color, keyed by the current rank: every rank, in the same order.
+            let me = self.ranks[self.rank];
+            let copy = self
+                .split_with(Some(0), self.rank as i64, options)?
+                .ok_or_else(|| {
+                    self.comm.error_text(
+                        "ncclCommSplit",
+                        "a split with one color gave no child".into(),
+                    )
+                })?;
+            return copy.with_members(self.ranks.clone(), me);
+        }
         let settings = translate(&options, nccl.version())?;
-        let (mut slot, first) = self.comm.with_handle(|parent| {
+        let mut slot = self.comm.with_handle(|parent| {
             raw::shrink(nccl, parent, exclude, &settings, abort_first)
                 .map_err(|e| self.comm.error("ncclCommShrink", e))
         })?;
-        // As for split: the child is written when the shrink completes on the parent.
-        if first == Progress::Pending {
-            self.comm.wait_ready("shrinking")?;
-        }
+        // As for split: the child is written when the shrink completes on the parent, whatever the call answered.
+        self.comm.wait_ready("shrinking")?;
         slot.settle();
         let handle = slot.child().ok_or_else(|| {
             self.comm.error_text(
