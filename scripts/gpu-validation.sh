@@ -28,6 +28,30 @@ for line in sys.stdin:
     cargo build --release -p hypercomm-cli
     cp target/release/hypercomm gpu-bin/hypercomm
     cp scripts/gpu-validation.sh gpu-bin/run.sh
+    # candle's CUDA tensors (hypercomm's feature `cuda`): only where nvcc is on PATH, since candle's CUDA backend
+    # compiles its kernels with it. CUDA_COMPUTE_CAP picks the GPU (90: Hopper). A target folder of its own: the
+    # feature links cudarc against the CUDA libraries, which rebuilds everything below it.
+    if command -v nvcc >/dev/null; then
+        export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+        cuda_target="${CUDA_TARGET_DIR:-target/cuda}"
+        CARGO_TARGET_DIR="$cuda_target" cargo test --release -p hypercomm-candle --features cuda --test gpu \
+            --no-run --message-format=json | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
+        print(m["executable"])
+' >gpu-bin/.candle-path
+        cp "$(cat gpu-bin/.candle-path)" gpu-bin/candle-gpu-tests && rm gpu-bin/.candle-path
+        CARGO_TARGET_DIR="$cuda_target" cargo build --release --features cuda --example candle_dp_tp
+        cp "$cuda_target/release/examples/candle_dp_tp" gpu-bin/candle_dp_tp
+        # Each is ~55 MB (candle's kernels inside), past what the device tool carries; packed they are ~12 MB.
+        strip gpu-bin/candle-gpu-tests gpu-bin/candle_dp_tp
+        tar cJf gpu-bin/candle-bins.tar.xz -C gpu-bin candle-gpu-tests candle_dp_tp
+        rm gpu-bin/candle-gpu-tests gpu-bin/candle_dp_tp
+    else
+        echo "no nvcc on PATH: gpu-bin/ has no candle CUDA binaries (see docs/gpu-validation.md)"
+    fi
     echo "gpu-bin/ ready: $(ls gpu-bin | tr '\n' ' ')"
     ;;
 "" | run | /*)
@@ -86,6 +110,46 @@ PY
         for backend in host nccl; do
             "$bin/hypercomm" bench --collection --backend "$backend" --repeats 3 \
                 --json "$out/collection-$backend.json" 2>&1 | tee "$out/collection-$backend.log" || status=1
+        done
+    fi
+    # candle's CUDA tensors through NCCL, when the bundle has them: the test binary, then the example on the GPU
+    # against itself on the CPU (4 ranks when several ranks may share the GPU, else the single-rank run only).
+    candle_bin=""
+    if [ -f "$bin/candle-bins.tar.xz" ]; then
+        candle_bin="$(mktemp -d)" && tar xJf "$bin/candle-bins.tar.xz" -C "$candle_bin"
+    fi
+    if [ -n "$candle_bin" ] && [ -x "$candle_bin/candle-gpu-tests" ]; then
+        # candle links cublas, cublasLt and curand: the folders holding them in the machine's Python packages.
+        culibs="$(python3 - <<'PY' 2>/dev/null || true
+import glob, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+dirs = {h.rsplit("/", 1)[0] for r in roots for n in ("libcublas.so.13*", "libcurand.so.10*", "libcudart.so.13*")
+        for h in glob.glob(r + "/**/" + n, recursive=True)}
+print(":".join(sorted(dirs)))
+PY
+)"
+        [ -n "$culibs" ] && export LD_LIBRARY_PATH="$culibs:${LD_LIBRARY_PATH:-}"
+        "$candle_bin/candle-gpu-tests" --nocapture --test-threads=1 >"$out/candle-gpu-tests.log" 2>&1 || status=1
+        grep -E "^test |test result|skipping|panicked" "$out/candle-gpu-tests.log" || true
+        layouts=("1 1")
+        [ "${#ranks[@]}" -gt 1 ] && layouts+=("2 2")
+        for l in "${layouts[@]}"; do
+            set -- $l
+            for dev in cpu cuda; do
+                "$candle_bin/candle_dp_tp" --tp "$1" --dp "$2" --device "$dev" >"$out/candle-tp$1-dp$2-$dev.log" 2>&1 \
+                    || status=1
+            done
+            python3 - "$out/candle-tp$1-dp$2-cpu.log" "$out/candle-tp$1-dp$2-cuda.log" <<'PY' || status=1
+import sys
+def numbers(path):
+    return [float(l.split()[-1]) for l in open(path) if l.startswith(("step ", "final "))]
+cpu, cuda = numbers(sys.argv[1]), numbers(sys.argv[2])
+worst = max((abs(a - b) / max(abs(a), 1e-12) for a, b in zip(cpu, cuda)), default=float("inf"))
+ok = len(cpu) == len(cuda) == 21 and worst <= 1e-5
+print(f"candle example {sys.argv[2]}: {len(cuda)} numbers, worst relative difference from the cpu run {worst:.2e}",
+      "ok" if ok else "FAILED")
+sys.exit(0 if ok else 1)
+PY
         done
     fi
     # The device tool brings back only a few files: pack everything into one archive beside the folder.

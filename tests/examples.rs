@@ -197,7 +197,7 @@ fn candle_dp_tp_four_ranks_train_like_one() {
     assert!(ref_losses[19] < 0.5 * ref_losses[0], "{reference}");
 }
 
-#[cfg(feature = "candle")]
+#[cfg(all(feature = "candle", not(feature = "cuda")))]
 #[test]
 fn candle_dp_tp_without_cuda_says_how_and_exits_2() {
     let out = example_command("candle_dp_tp", &["--device", "cuda"])
@@ -210,4 +210,5 @@ fn candle_dp_tp_without_cuda_says_how_and_exits_2() {
         "{stderr}"
     );
     assert!(stderr.contains("`cuda` feature"), "{stderr}");
+    assert!(stderr.contains("--features cuda"), "{stderr}");
 }

@@ -4,8 +4,9 @@
 //! candle tensors are immutable, so every collective returns its result as a new tensor (on the input's device,
 //! with the input's dtype) instead of writing into the input. A non-contiguous input (a transposed or narrowed
 //! view) is read through its layout, so the result is always contiguous and never drops a stride. CPU tensors
-//! go through the group's host communicator; a tensor of another device, or of a dtype the communicator lacks
-//! (i16, the f8/f6/f4 formats), is an [`Error`](crate::Error) naming it.
+//! go through the group's host communicator, CUDA tensors (feature `cuda`) through its NCCL communicator,
+//! stream-ordered on candle's stream; a tensor of another device, or of a dtype the communicator lacks (i16, the
+//! f8/f6/f4 formats), is an [`Error`](crate::Error) naming it.
 
 use candle_core::{Device, Shape, Tensor};
 use hypercomm_comm::ReduceOp;
@@ -17,16 +18,30 @@ use crate::{Error, Result, TensorGroup};
 #[derive(Debug)]
 #[must_use = "the result comes back only through wait()"]
 pub struct TensorWork {
-    pending: Pending,
+    pending: Outcome,
     shape: Shape,
     device: Device,
     group: String,
 }
 
+/// A host collective in flight, or a device one already ordered on candle's stream.
+#[derive(Debug)]
+enum Outcome {
+    Host(Pending),
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Device(Tensor),
+}
+
 impl TensorWork {
-    /// Blocks until the collective completes (within the communicator's timeout) and returns its result.
+    /// Blocks until the collective completes (within the communicator's timeout) and returns its result. A
+    /// CUDA tensor's collective is stream-ordered: its result is returned at once, and candle's later work on
+    /// its stream sees the values.
     pub fn wait(self) -> Result<Tensor> {
-        let buf = self.pending.wait().map_err(|source| Error::Comm {
+        let pending = match self.pending {
+            Outcome::Device(t) => return Ok(t),
+            Outcome::Host(p) => p,
+        };
+        let buf = pending.wait().map_err(|source| Error::Comm {
             group: self.group,
             source: Box::new(source),
         })?;
@@ -34,7 +49,63 @@ impl TensorWork {
     }
 }
 
+/// Whether `t` goes through the group's NCCL communicator: a CUDA tensor in a build with feature `cuda`.
+pub(crate) fn on_device(t: &Tensor) -> bool {
+    cfg!(feature = "cuda") && t.device().is_cuda()
+}
+
+/// Which collective a device collective runs, on a flat input of `n` elements (read only by the `cuda`
+/// feature's device path).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum Kind {
+    /// In place: `n` elements out.
+    AllReduce(ReduceOp),
+    /// In place from group rank `root`: `n` elements out.
+    Broadcast(usize),
+    /// `n * size` elements out, rank blocks in order.
+    AllGather,
+    /// The input holds `size` blocks; `n / size` elements out.
+    ReduceScatter(ReduceOp),
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl Kind {
+    pub(crate) fn op(self) -> &'static str {
+        match self {
+            Kind::AllReduce(_) => "all_reduce",
+            Kind::Broadcast(_) => "broadcast",
+            Kind::AllGather => "all_gather",
+            Kind::ReduceScatter(_) => "reduce_scatter",
+        }
+    }
+}
+
 impl TensorGroup {
+    /// `kind` on the CUDA tensor `t` through the group's NCCL communicator, with the result in `shape`.
+    fn device_collective(&self, t: &Tensor, kind: Kind, shape: Shape) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        {
+            crate::device::collective(self, t, kind, shape)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            // `on_device` is false without the feature, so no caller gets here; answer as the host would.
+            let _ = (kind, shape);
+            crate::host::check_tensor(t, "device collective", self.name()).map(|_| t.clone())
+        }
+    }
+
+    /// A work handle whose result is already ordered on candle's stream.
+    fn ready(&self, t: Tensor) -> TensorWork {
+        TensorWork {
+            shape: t.shape().clone(),
+            device: t.device().clone(),
+            group: self.name().to_owned(),
+            pending: Outcome::Device(t),
+        }
+    }
+
     fn comm_error(&self, source: hypercomm_comm::CommError) -> Error {
         Error::Comm {
             group: self.name().to_owned(),
@@ -53,12 +124,16 @@ impl TensorGroup {
     /// Issues an all-reduce of `t` and returns at once; the result has `t`'s shape and dtype. Issue order is
     /// completion order; overlap further work with the communication, then [`TensorWork::wait`].
     pub fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<TensorWork> {
+        if on_device(t) {
+            let out = self.device_collective(t, Kind::AllReduce(op), t.shape().clone())?;
+            return Ok(self.ready(out));
+        }
         let buf = HostBuf::from_tensor(t, "all_reduce", self.name())?;
         let pending = buf
             .all_reduce(self.comm()?, op)
             .map_err(|e| self.comm_error(e))?;
         Ok(TensorWork {
-            pending,
+            pending: Outcome::Host(pending),
             shape: t.shape().clone(),
             device: t.device().clone(),
             group: self.name().to_owned(),
@@ -73,11 +148,15 @@ impl TensorGroup {
     /// Broadcast: every rank gets `root`'s `t` (`root` is a rank within the group). Every rank passes a tensor of
     /// the same shape and dtype; only the root's values are read.
     pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        if on_device(t) {
+            return self.device_collective(t, Kind::Broadcast(root), t.shape().clone());
+        }
         let buf = HostBuf::from_tensor(t, "broadcast", self.name())?;
         let work = TensorWork {
-            pending: buf
-                .broadcast(self.comm()?, root)
-                .map_err(|e| self.comm_error(e))?,
+            pending: Outcome::Host(
+                buf.broadcast(self.comm()?, root)
+                    .map_err(|e| self.comm_error(e))?,
+            ),
             shape: t.shape().clone(),
             device: t.device().clone(),
             group: self.name().to_owned(),
@@ -96,19 +175,25 @@ impl TensorGroup {
             ));
         }
         let n = self.size();
-        let buf = HostBuf::from_tensor(t, "all_gather", self.name())?;
-        let gathered = TensorWork {
-            pending: buf
-                .all_gather(self.comm()?)
-                .map_err(|e| self.comm_error(e))?,
-            shape: std::iter::once(n)
-                .chain(dims.iter().copied())
-                .collect::<Vec<_>>()
-                .into(),
-            device: t.device().clone(),
-            group: self.name().to_owned(),
-        }
-        .wait()?;
+        let stacked: Shape = std::iter::once(n)
+            .chain(dims.iter().copied())
+            .collect::<Vec<_>>()
+            .into();
+        let gathered = if on_device(t) {
+            self.device_collective(t, Kind::AllGather, stacked)?
+        } else {
+            let buf = HostBuf::from_tensor(t, "all_gather", self.name())?;
+            TensorWork {
+                pending: Outcome::Host(
+                    buf.all_gather(self.comm()?)
+                        .map_err(|e| self.comm_error(e))?,
+                ),
+                shape: stacked,
+                device: t.device().clone(),
+                group: self.name().to_owned(),
+            }
+            .wait()?
+        };
         // [n, d0, .., dk] -> [d0, .., n, d_dim, .., dk] -> merge n into d_dim: the concatenation along `dim`.
         let mut order: Vec<usize> = (1..=dim).collect();
         order.push(0);
@@ -139,7 +224,9 @@ impl TensorGroup {
                 ),
             ));
         }
-        crate::host::check_tensor(t, "reduce_scatter", self.name())?;
+        if !on_device(t) {
+            crate::host::check_tensor(t, "reduce_scatter", self.name())?;
+        }
         // [d0, .., d_dim, .., dk] -> [d0, .., n, d_dim / n, .., dk] -> chunk index first: block r is chunk r.
         let mut split = dims[..dim].to_vec();
         split.extend([n, dims[dim] / n]);
@@ -148,13 +235,17 @@ impl TensorGroup {
         order.extend(0..dim);
         order.extend(dim + 1..split.len());
         let blocks = t.reshape(split)?.permute(order)?;
-        let buf = HostBuf::from_tensor(&blocks, "reduce_scatter", self.name())?;
         let mut out_dims = dims;
         out_dims[dim] /= n;
+        if on_device(t) {
+            return self.device_collective(&blocks, Kind::ReduceScatter(op), out_dims.into());
+        }
+        let buf = HostBuf::from_tensor(&blocks, "reduce_scatter", self.name())?;
         TensorWork {
-            pending: buf
-                .reduce_scatter(self.comm()?, op)
-                .map_err(|e| self.comm_error(e))?,
+            pending: Outcome::Host(
+                buf.reduce_scatter(self.comm()?, op)
+                    .map_err(|e| self.comm_error(e))?,
+            ),
             shape: out_dims.into(),
             device: t.device().clone(),
             group: self.name().to_owned(),

@@ -99,6 +99,12 @@ impl GradSync {
     /// Replaces the gradient of each of `vars` in `grads` by its average over the group. Collective: every rank
     /// passes variables of the same shapes and dtypes in the same order.
     pub fn sync(&self, vars: &[Var], grads: &mut GradStore) -> Result<SyncStats> {
+        if vars
+            .first()
+            .is_some_and(|v| crate::collectives::on_device(v.as_tensor()))
+        {
+            return self.sync_on_device(vars, grads);
+        }
         let comm = self.group.comm()?;
         let mut stats = SyncStats::default();
         let mut open: Vec<(DType, Bucket)> = Vec::new();
@@ -122,27 +128,8 @@ impl GradSync {
         for (index, var) in vars.iter().enumerate() {
             let t = var.as_tensor();
             crate::host::check_tensor(t, "gradient sync", self.group.name())?;
-            let zeros;
-            let grad = match grads.get(t) {
-                Some(g) => g,
-                None => {
-                    zeros = t.zeros_like()?;
-                    &zeros
-                }
-            };
-            if grad.shape() != t.shape() || grad.dtype() != t.dtype() {
-                return Err(Error::Shape {
-                    op: "gradient sync",
-                    group: self.group.name().to_owned(),
-                    what: format!(
-                        "variable {index} is {:?} {:?} but its gradient is {:?} {:?}",
-                        t.dtype(),
-                        t.shape(),
-                        grad.dtype(),
-                        grad.shape()
-                    ),
-                });
-            }
+            let grad = self.gradient(index, t, grads)?;
+            let grad = &grad;
             let slot = match open.iter().position(|(d, _)| *d == t.dtype()) {
                 Some(slot) => slot,
                 None => {
@@ -177,6 +164,91 @@ impl GradSync {
                 let t = vars[index].as_tensor();
                 let avg: Tensor = buf.tensor_at(offset, t.shape(), t.device())?;
                 grads.insert(t, avg);
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Variable `index`'s gradient (zeros when it has none), checked against the variable.
+    fn gradient(&self, index: usize, t: &Tensor, grads: &GradStore) -> Result<Tensor> {
+        let grad = match grads.get(t) {
+            Some(g) => g.clone(),
+            None => t.zeros_like()?,
+        };
+        if grad.shape() != t.shape() || grad.dtype() != t.dtype() {
+            return Err(Error::Shape {
+                op: "gradient sync",
+                group: self.group.name().to_owned(),
+                what: format!(
+                    "variable {index} is {:?} {:?} but its gradient is {:?} {:?}",
+                    t.dtype(),
+                    t.shape(),
+                    grad.dtype(),
+                    grad.shape()
+                ),
+            });
+        }
+        Ok(grad)
+    }
+
+    /// [`sync`](Self::sync) for variables on a CUDA device: the same buckets, flattened on the device with
+    /// `Tensor::cat` and averaged through the group's NCCL communicator. Each bucket's all-reduce is ordered on
+    /// candle's stream as soon as the bucket fills, so it runs while the next one is flattened; nothing blocks
+    /// the CPU.
+    fn sync_on_device(&self, vars: &[Var], grads: &mut GradStore) -> Result<SyncStats> {
+        let mut stats = SyncStats::default();
+        // Per dtype: the flattened gradients of the bucket being filled, their bytes, and (variable, offset).
+        type Open = (DType, Vec<Tensor>, usize, Vec<(usize, usize)>);
+        let mut open: Vec<Open> = Vec::new();
+        let mut done: Vec<(Tensor, Vec<(usize, usize)>)> = Vec::new();
+        let issue = |flat: Vec<Tensor>, bytes: usize, stats: &mut SyncStats| -> Result<Tensor> {
+            let bucket = Tensor::cat(&flat, 0)?;
+            stats.buckets += 1;
+            stats.elements += bucket.elem_count();
+            stats.bytes += bytes;
+            self.group.all_reduce_async(&bucket, ReduceOp::Avg)?.wait()
+        };
+        for (index, var) in vars.iter().enumerate() {
+            let t = var.as_tensor();
+            if !crate::collectives::on_device(t)
+                || t.device().location() != vars[0].device().location()
+            {
+                return Err(Error::UnsupportedDevice {
+                    op: "gradient sync",
+                    group: self.group.name().to_owned(),
+                    device: format!("{:?}", t.device().location()),
+                    why: format!(
+                        "variable 0 is on {:?}; one sync serves variables of one device",
+                        vars[0].device().location()
+                    ),
+                });
+            }
+            let grad = self.gradient(index, t, grads)?.flatten_all()?;
+            let slot = match open.iter().position(|(d, ..)| *d == t.dtype()) {
+                Some(slot) => slot,
+                None => {
+                    open.push((t.dtype(), Vec::new(), 0, Vec::new()));
+                    open.len() - 1
+                }
+            };
+            let (_, flat, bytes, members) = &mut open[slot];
+            let offset = flat.iter().map(Tensor::elem_count).sum();
+            members.push((index, offset));
+            *bytes += grad.elem_count() * t.dtype().size_in_bytes();
+            flat.push(grad);
+            if *bytes >= self.bucket_bytes {
+                let (_, flat, bytes, members) = open.remove(slot);
+                done.push((issue(flat, bytes, &mut stats)?, members));
+            }
+        }
+        for (_, flat, bytes, members) in open {
+            done.push((issue(flat, bytes, &mut stats)?, members));
+        }
+        for (avg, members) in done {
+            for (index, offset) in members {
+                let t = vars[index].as_tensor();
+                let mine = avg.narrow(0, offset, t.elem_count())?.reshape(t.shape())?;
+                grads.insert(t, mine);
             }
         }
         Ok(stats)

@@ -38,10 +38,8 @@ pub enum Error {
         /// The element types that are supported.
         supported: &'static str,
     },
-    /// The tensor lives on a device the group's backend cannot serve.
-    #[error(
-        "{op} on group {group}: the tensor is on {device}, but the group's host backend serves only cpu tensors"
-    )]
+    /// The tensor lives on a device the group cannot serve.
+    #[error("{op} on group {group}: the tensor is on {device}, but {why}")]
     UnsupportedDevice {
         /// The operation.
         op: &'static str,
@@ -49,6 +47,8 @@ pub enum Error {
         group: String,
         /// The offending device, as candle names its location.
         device: String,
+        /// Why the group cannot serve it, and what would.
+        why: String,
     },
     /// A shape, dimension or size does not fit the operation.
     #[error("{op} on group {group}: {what}")]

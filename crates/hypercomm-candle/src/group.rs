@@ -70,6 +70,21 @@ impl TensorGroup {
         }
     }
 
+    /// The group's NCCL communicator, for CUDA tensors: present when the collection was built with a GPU
+    /// (`CollectionBuilder::with_gpu`); a standalone host communicator has none.
+    pub fn device_comm(&self) -> Result<&hypercomm_comm::device::DeviceCommunicator> {
+        match &self.source {
+            Source::Collection { collection, id } => Ok(collection.device(id)?),
+            Source::Communicator(_) => Err(crate::Error::UnsupportedDevice {
+                op: "device collective",
+                group: self.name.clone(),
+                device: "a cuda device".into(),
+                why: "the group is a standalone host communicator; build a collection with a gpu"
+                    .into(),
+            }),
+        }
+    }
+
     /// The communicator's name (used in error messages).
     pub fn name(&self) -> &str {
         &self.name

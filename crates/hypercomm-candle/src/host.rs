@@ -91,10 +91,17 @@ impl std::fmt::Debug for Pending {
 /// Why a tensor cannot be moved by a host communicator, if it cannot.
 pub(crate) fn check_tensor(t: &Tensor, op: &'static str, group: &str) -> Result<()> {
     if !t.device().is_cpu() {
+        let why = if cfg!(feature = "cuda") {
+            "the host backend serves only cpu tensors (cuda tensors go through the group's nccl communicator)"
+        } else {
+            "this build serves only cpu tensors: cuda tensors need hypercomm-candle's feature `cuda` \
+             (hypercomm's `cuda`), which builds candle's CUDA backend and needs nvcc"
+        };
         return Err(Error::UnsupportedDevice {
             op,
             group: group.to_owned(),
             device: format!("{:?}", t.device().location()),
+            why: why.into(),
         });
     }
     HostBuf::empty(t.dtype(), op, group).map(|_| ())

@@ -40,11 +40,14 @@
 //! }
 //! ```
 //!
-//! CUDA tensors are not served yet: candle's CUDA backend needs `nvcc` at build time, and this crate builds
-//! candle with its default features, which compile no GPU code.
+//! CUDA tensors go through the group's NCCL communicator (a collection built with a GPU) with the feature `cuda`,
+//! stream-ordered on candle's stream with no trip through host memory. The feature builds candle's CUDA backend,
+//! which needs `nvcc` at build time, so it is never a default; without it a CUDA tensor is an error saying so.
 
 mod collectives;
 pub mod ddp;
+#[cfg(feature = "cuda")]
+mod device;
 mod error;
 mod group;
 mod host;

@@ -614,8 +614,42 @@ fn two_ranks_overlap_all_gather_and_reduce_scatter_on_twin_communicators() {
     // As Megatron's dp_cp and dp_cp_ag: the ranks issue the two operations in opposite orders. On one
     // communicator (one stream) that deadlocks; on twins each stream progresses on its own.
     on_two_ranks("two-rank overlap", |rank, gpu, store| {
-        let dp = pair(&gpu, &store, rank, "dp_cp");
-        let ag = pair(&gpu, &store, rank, "dp_cp_ag");
+        // Four NCCL kernels share the one GPU when both ranks run both twins at once, each with its own channels
+        // (one CTA each): NCCL's docs for several ranks per GPU warn that too many channels exhaust the SMs and
+        // hang, and advise fewer CTAs. Without a bound this test hung on an H100 with NCCL 2.30.7 (2026-11-23).
+        let few = |name: &str| -> DeviceCommunicator {
+            DeviceCommunicator::new(
+                Arc::clone(&gpu),
+                Arc::clone(&store),
+                vec![0, 1],
+                rank,
+                CommOptions {
+                    timeout: Duration::from_secs(60),
+                    nccl: NcclOptions {
+                        max_ctas: Some(8),
+                        ..Default::default()
+                    },
+                    ..CommOptions::named(name)
+                },
+            )
+            .unwrap()
+        };
+        let dp = few("dp_cp");
+        let ag = few("dp_cp_ag");
+        // NCCL connects a communicator's peers on its first collective (runtime connection, NCCL 2.22+), and a
+        // non-blocking enqueue waits for every rank to get there: the first use of each twin must come in the
+        // same order on every rank, or each rank waits in one twin for a peer waiting in the other (seen on an
+        // H100 with NCCL 2.30.7). Once connected, the opposite orders below are fine.
+        ag.all_gather_into(gpu.upload(&[1.0f32]).unwrap(), gpu.alloc_zeros(2).unwrap())
+            .and_then(|w| w.synchronize())
+            .expect("warming up the all-gather twin");
+        dp.reduce_scatter_into(
+            gpu.upload(&[1.0f32; 2]).unwrap(),
+            gpu.alloc_zeros(1).unwrap(),
+            ReduceOp::Sum,
+        )
+        .and_then(|w| w.synchronize())
+        .expect("warming up the reduce-scatter twin");
         let n = 1 << 20;
         for round in 0..10 {
             let shard = vec![(rank * 10 + round) as f32; n];
@@ -696,10 +730,12 @@ fn two_ranks_one_that_never_calls_is_a_timeout_that_aborts() {
         .unwrap();
         if rank == 0 {
             let started = Instant::now();
+            // The timeout may come from the enqueue itself: NCCL connects the peers on a communicator's first
+            // collective, and a non-blocking enqueue stays in progress until rank 1 arrives, which it never does.
             let e = comm
                 .all_reduce(gpu.upload(&[1.0f32; 1024]).unwrap(), ReduceOp::Sum)
-                .unwrap()
-                .synchronize()
+                .and_then(|w| w.synchronize())
+                .map(|_| ())
                 .expect_err("rank 1 never calls");
             eprintln!("two-rank timeout: {e} after {:?}", started.elapsed());
             assert!(matches!(e, CommError::Timeout { .. }), "{e}");

@@ -38,6 +38,21 @@ impl CustomOp1 for CopyToTp {
         Ok((buf.into_storage(), layout.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::{BackendDevice, BackendStorage};
+        // Identity: a contiguous copy on the device.
+        let mut out = storage
+            .device()
+            .zeros_impl(layout.shape(), storage.dtype())?;
+        storage.copy_strided_src(&mut out, 0, layout)?;
+        Ok((out, layout.shape().clone()))
+    }
+
     fn bwd(
         &self,
         _arg: &Tensor,
@@ -74,6 +89,22 @@ impl CustomOp1 for ReduceFromTp {
                 .into_candle()
             })?;
         Ok((reduced.into_storage(), layout.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::device::cuda_fwd(
+            &self.group,
+            crate::collectives::Kind::AllReduce(ReduceOp::Sum),
+            storage,
+            layout,
+        )
+        .map(|s| (s, layout.shape().clone()))
+        .map_err(crate::Error::into_candle)
     }
 
     fn bwd(

@@ -8,8 +8,8 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    SyncOnDrop,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
+    DevicePtrMut, DeviceRepr, SyncOnDrop,
 };
 
 use super::probe::{DeviceRuntime, nvrtc_present};
@@ -350,6 +350,79 @@ impl<T: Element> DeviceBuffer<T> {
     /// Bytes used by the elements.
     pub(crate) fn byte_len(&self) -> usize {
         self.len * T::DTYPE.size()
+    }
+
+    /// Copies `src`, device memory of this buffer's device that another cudarc user owns (a candle tensor's
+    /// storage, say), into this buffer, enqueued on `stream` (no CPU block). `S` must have the element size of
+    /// `T` and `src` exactly `len()` elements. Stream-ordered like every use of the buffer: a collective on it
+    /// afterwards, on any stream, waits for the copy.
+    pub fn copy_from_device<S: DeviceRepr>(
+        &mut self,
+        src: &CudaView<'_, S>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), CommError> {
+        self.check_foreign::<S>(src.len(), "copy_from_device source")?;
+        if self.len == 0 {
+            return Ok(());
+        }
+        let label = self.gpu.label();
+        // SAFETY: the slice holds at least `len * T::DTYPE.size()` bytes, which is `len` elements of `S`
+        // (same size, checked above); both are plain data, and the view only moves bytes.
+        let mut dst = unsafe { self.slice.transmute_mut::<S>(self.len) }.ok_or_else(|| {
+            CommError::InvalidArgument {
+                comm: label.clone(),
+                what: format!(
+                    "a {}-element buffer cannot be viewed as {} elements",
+                    self.len, self.len
+                ),
+            }
+        })?;
+        stream
+            .memcpy_dtod(src, &mut dst)
+            .map_err(cuda_err(&label, "copying device memory into a buffer"))
+    }
+
+    /// Copies this buffer into `dst`, device memory of this buffer's device that another cudarc user owns,
+    /// enqueued on `stream` (no CPU block); the copy waits for work on this buffer (a collective) first. `S`
+    /// must have the element size of `T` and `dst` exactly `len()` elements.
+    pub fn copy_to_device<S: DeviceRepr>(
+        &self,
+        dst: &mut CudaViewMut<'_, S>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), CommError> {
+        self.check_foreign::<S>(dst.len(), "copy_to_device destination")?;
+        if self.len == 0 {
+            return Ok(());
+        }
+        let label = self.gpu.label();
+        // SAFETY: as in `copy_from_device`; the view is only read.
+        let src = unsafe { self.slice.transmute::<S>(self.len) }.ok_or_else(|| {
+            CommError::InvalidArgument {
+                comm: label.clone(),
+                what: format!(
+                    "a {}-element buffer cannot be viewed as {} elements",
+                    self.len, self.len
+                ),
+            }
+        })?;
+        stream
+            .memcpy_dtod(&src, dst)
+            .map_err(cuda_err(&label, "copying a buffer into device memory"))
+    }
+
+    fn check_foreign<S>(&self, len: usize, what: &str) -> Result<(), CommError> {
+        if std::mem::size_of::<S>() != T::DTYPE.size() || len != self.len {
+            return Err(CommError::InvalidArgument {
+                comm: self.gpu.label(),
+                what: format!(
+                    "{what}: {len} elements of {} bytes do not match a buffer of {} {} elements",
+                    std::mem::size_of::<S>(),
+                    self.len,
+                    T::DTYPE
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Copies the buffer to the host, waiting for work on it to finish (blocks the CPU).

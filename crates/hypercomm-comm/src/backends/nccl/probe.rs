@@ -46,6 +46,10 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, St
 
 impl DriverProbe for CudarcDriver {
     fn library_present(&self) -> bool {
+        // Linked at build time (feature `cuda-linked`): the loader loaded libcuda before this process started.
+        #[cfg(feature = "cuda-linked")]
+        return true;
+        #[cfg(not(feature = "cuda-linked"))]
         guarded("opening libcuda", || {
             // SAFETY: only tries to dlopen the driver library under its usual names and closes it again; it runs
             // the library's initialisers like any CUDA program does, and calls nothing in it.
@@ -141,6 +145,10 @@ pub(crate) fn probe_driver(driver: &dyn DriverProbe) -> Result<DriverInfo, CommE
 
 /// Whether NVRTC (needed only for the strided-view and fill/verify kernels) can be opened. Never panics.
 pub(crate) fn nvrtc_present() -> bool {
+    // Linked at build time (feature `cuda-linked`): present, or this process would not have started.
+    #[cfg(feature = "cuda-linked")]
+    return true;
+    #[cfg(not(feature = "cuda-linked"))]
     guarded("opening libnvrtc", || {
         // SAFETY: only tries to dlopen libnvrtc under its usual names; nothing in it is called.
         Ok(unsafe { cudarc::nvrtc::sys::is_culib_present() })

@@ -1,0 +1,213 @@
+//! CUDA tensors on NCCL (feature `cuda`): the collectives of a [`TensorGroup`] for tensors on a CUDA device,
+//! through the group's NCCL communicator in a collection built with a GPU.
+//!
+//! Each collective is a candle custom op, the public way to turn device memory into a tensor. Its CUDA forward
+//! copies the (contiguous) input from candle's storage into a hypercomm device buffer on candle's stream, runs
+//! the collective on the communicator's stream, and copies the result into new candle storage on candle's stream
+//! again. Everything is stream-ordered, with no CPU wait and no trip through host memory: the communicator's
+//! stream waits for the copy in, and candle's stream waits for the collective before the copy out, so candle's
+//! next kernels see the result. The two device copies cost a little bandwidth (two passes over the data at
+//! device-memory speed), and keep candle's storage and NCCL's buffers apart, which candle's immutable tensors
+//! need anyway for a result.
+//!
+//! candle's `CudaDevice` and hypercomm's [`Gpu`](hypercomm_comm::device::Gpu) both retain the device's primary
+//! context, so their memory and streams are interchangeable. A tensor on another device than the group's GPU is
+//! an error naming both.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
+use candle_core::{CpuStorage, CustomOp1, DType, DeviceLocation, Layout, Shape, Tensor};
+use half::{bf16, f16};
+use hypercomm_comm::device::DeviceCommunicator;
+use hypercomm_comm::{CommError, Element};
+
+use crate::collectives::Kind;
+use crate::{Error, Result, TensorGroup};
+
+/// The collective as a custom op with a CUDA forward only (no gradient: the callers that need one, the
+/// tensor-parallel ops, define their own).
+struct DeviceCollective {
+    group: TensorGroup,
+    kind: Kind,
+    /// The result's shape.
+    shape: Shape,
+}
+
+/// Runs `kind` on the CUDA tensor `t` (any layout: it is made contiguous first) and returns the result with
+/// `shape`.
+pub(crate) fn collective(
+    group: &TensorGroup,
+    t: &Tensor,
+    kind: Kind,
+    shape: Shape,
+) -> Result<Tensor> {
+    check_dtype(t.dtype(), kind.op(), group.name())?;
+    let op = DeviceCollective {
+        group: group.clone(),
+        kind,
+        shape,
+    };
+    Ok(t.contiguous()?.apply_op1_no_bwd(&op)?)
+}
+
+/// The dtypes both candle's CUDA backend and NCCL carry.
+const SUPPORTED: &str = "u8, u32, i32, i64, f16, bf16, f32, f64";
+
+fn check_dtype(dtype: DType, op: &'static str, group: &str) -> Result<()> {
+    match dtype {
+        DType::U8
+        | DType::U32
+        | DType::I32
+        | DType::I64
+        | DType::F16
+        | DType::BF16
+        | DType::F32
+        | DType::F64 => Ok(()),
+        dtype => Err(Error::UnsupportedDType {
+            op,
+            group: group.to_owned(),
+            dtype,
+            supported: SUPPORTED,
+        }),
+    }
+}
+
+impl CustomOp1 for DeviceCollective {
+    fn name(&self) -> &'static str {
+        "hypercomm-device-collective"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!(
+            "hypercomm: the device collective got a cpu tensor (cpu tensors go through the host backend)"
+        )
+    }
+
+    fn cuda_fwd(
+        &self,
+        storage: &CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        cuda_fwd(&self.group, self.kind, storage, layout)
+            .map(|s| (s, self.shape.clone()))
+            .map_err(Error::into_candle)
+    }
+}
+
+/// The CUDA forward of a collective on `storage` read through the contiguous `layout`: the result's storage.
+/// Shared by [`DeviceCollective`] and the tensor-parallel ops.
+pub(crate) fn cuda_fwd(
+    group: &TensorGroup,
+    kind: Kind,
+    storage: &CudaStorage,
+    layout: &Layout,
+) -> Result<CudaStorage> {
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        return Err(Error::Shape {
+            op: kind.op(),
+            group: group.name().to_owned(),
+            what: format!("a device collective got a non-contiguous input ({layout:?})"),
+        });
+    };
+    let run = Run { group, kind };
+    match storage.dtype() {
+        DType::U8 => run.typed::<u8>(storage, start, end),
+        DType::U32 => run.typed::<u32>(storage, start, end),
+        DType::I32 => run.typed::<i32>(storage, start, end),
+        DType::I64 => run.typed::<i64>(storage, start, end),
+        DType::F16 => run.typed::<f16>(storage, start, end),
+        DType::BF16 => run.typed::<bf16>(storage, start, end),
+        DType::F32 => run.typed::<f32>(storage, start, end),
+        DType::F64 => run.typed::<f64>(storage, start, end),
+        dtype => Err(Error::UnsupportedDType {
+            op: kind.op(),
+            group: group.name().to_owned(),
+            dtype,
+            supported: SUPPORTED,
+        }),
+    }
+}
+
+/// One collective on one group, for [`cuda_fwd`].
+struct Run<'a> {
+    group: &'a TensorGroup,
+    kind: Kind,
+}
+
+impl Run<'_> {
+    fn comm_error(&self, source: CommError) -> Error {
+        Error::Comm {
+            group: self.group.name().to_owned(),
+            source: Box::new(source),
+        }
+    }
+
+    /// Copy in, collective, copy out, all enqueued on the streams (see the module docs).
+    fn typed<T>(&self, storage: &CudaStorage, start: usize, end: usize) -> Result<CudaStorage>
+    where
+        T: Element + CudaDType + DeviceRepr + ValidAsZeroBits,
+    {
+        let comm = self.group.device_comm()?;
+        let dev: &CudaDevice = storage.device();
+        check_same_device(self.group, comm, self.kind.op(), dev)?;
+        let gpu = comm.gpu();
+        let stream = dev.cuda_stream();
+        let n = end - start;
+        let src = storage.as_cuda_slice::<T>()?.slice(start..end);
+        let mut input = gpu.alloc_zeros::<T>(n).map_err(|e| self.comm_error(e))?;
+        input
+            .copy_from_device(&src, &stream)
+            .map_err(|e| self.comm_error(e))?;
+        let size = comm.size();
+        let result = match self.kind {
+            Kind::AllReduce(op) => comm.all_reduce(input, op).and_then(|w| w.wait(&stream)),
+            Kind::Broadcast(root) => comm.broadcast(input, root).and_then(|w| w.wait(&stream)),
+            Kind::AllGather => gpu.alloc_zeros::<T>(n * size).and_then(|out| {
+                comm.all_gather_into(input, out)
+                    .and_then(|w| w.wait(&stream))
+                    .map(|(_, out)| out)
+            }),
+            Kind::ReduceScatter(op) => gpu.alloc_zeros::<T>(n / size).and_then(|out| {
+                comm.reduce_scatter_into(input, out, op)
+                    .and_then(|w| w.wait(&stream))
+                    .map(|(_, out)| out)
+            }),
+        }
+        .map_err(|e| self.comm_error(e))?;
+        let mut out = dev.alloc_zeros::<T>(result.len())?;
+        result
+            .copy_to_device(&mut out.slice_mut(..), &stream)
+            .map_err(|e| self.comm_error(e))?;
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+}
+
+/// The tensor's device must be the communicator's GPU.
+fn check_same_device(
+    group: &TensorGroup,
+    comm: &DeviceCommunicator,
+    op: &'static str,
+    dev: &CudaDevice,
+) -> Result<()> {
+    let DeviceLocation::Cuda { gpu_id } = candle_core::backend::BackendDevice::location(dev) else {
+        return Err(Error::UnsupportedDevice {
+            op,
+            group: group.name().to_owned(),
+            device: "a non-cuda device".into(),
+            why: "the device collective serves cuda tensors".into(),
+        });
+    };
+    if gpu_id != comm.gpu().ordinal() {
+        return Err(Error::UnsupportedDevice {
+            op,
+            group: group.name().to_owned(),
+            device: format!("cuda:{gpu_id}"),
+            why: format!(
+                "the group's nccl communicator is on cuda:{}",
+                comm.gpu().ordinal()
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,253 @@
+//! candle's CUDA tensors through NCCL on a real GPU (feature `cuda`): the tensor collectives and one
+//! data-parallel training step, each against the same computation on the CPU.
+//!
+//! Without a GPU (or NCCL) every test says why it skips; with `HYPERCOMM_REQUIRE_GPU=1` a skip is a failure, so a
+//! GPU run cannot pass by skipping. Two ranks run when the machine has two GPUs, or one GPU with NCCL 2.30 or
+//! newer and `NCCL_MULTI_RANK_GPU_ENABLE=1`; otherwise one rank (the NCCL path all the same).
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn candle_cuda_tests_need_the_cuda_feature() {
+    // A GPU run must build these tests with `--features cuda`; anywhere else they are skipped, and say so.
+    assert!(
+        std::env::var("HYPERCOMM_REQUIRE_GPU")
+            .ok()
+            .is_none_or(|v| v != "1"),
+        "HYPERCOMM_REQUIRE_GPU=1, but this test binary was built without hypercomm-candle's feature `cuda`"
+    );
+    eprintln!(
+        "candle cuda tests: skipping, built without the feature `cuda` (which builds candle's CUDA backend)"
+    );
+}
+
+#[cfg(feature = "cuda")]
+mod on_gpu {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use candle_core::backprop::GradStore;
+    use candle_core::{DType, Device, Tensor, Var};
+    use candle_nn::{Linear, Module, Optimizer, SGD};
+    use hypercomm_candle::{GradSync, ReduceOp, TensorGroup};
+    use hypercomm_comm::device::{DeviceRuntime, Gpu};
+    use hypercomm_grid::layout::LayoutConfig;
+    use hypercomm_store::{MemoryStore, Store};
+    use process_group_collection::ProcessGroupCollection;
+
+    /// How many ranks this machine can run, or `None` (after saying why) when it has no GPU or NCCL.
+    fn ranks_or_skip(test: &str) -> Option<usize> {
+        let why = match DeviceRuntime::probe_with_env(|n| std::env::var_os(n)) {
+            Ok(rt) => {
+                let multi = std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").is_ok_and(|v| v == "1")
+                    && rt.nccl().version() >= nccl_sys::Version::new(2, 30, 0);
+                let ranks = if rt.device_count() >= 2 || multi {
+                    2
+                } else {
+                    1
+                };
+                eprintln!(
+                    "{test}: {ranks} rank(s), nccl {} on {} device(s)",
+                    rt.nccl().version(),
+                    rt.device_count()
+                );
+                return Some(ranks);
+            }
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            std::env::var("HYPERCOMM_REQUIRE_GPU")
+                .ok()
+                .is_none_or(|v| v != "1"),
+            "{test}: HYPERCOMM_REQUIRE_GPU=1, but the test would skip: {why}"
+        );
+        eprintln!("{test}: skipping, no GPU: {why}");
+        None
+    }
+
+    /// Runs `f(rank, collection, device)` on `world` threads, each with a collection over a layout with `tp`, built
+    /// with the rank's GPU, and that GPU as a candle device.
+    fn on_gpu_ranks<R: Send + 'static>(
+        world: usize,
+        tp: usize,
+        f: impl Fn(usize, Arc<ProcessGroupCollection>, Device) -> R + Send + Sync + 'static,
+    ) -> Vec<R> {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let f = Arc::new(f);
+        let threads: Vec<_> = (0..world)
+            .map(|rank| {
+                let (store, f) = (Arc::clone(&store), Arc::clone(&f));
+                std::thread::spawn(move || {
+                    let rt = DeviceRuntime::probe_with_env(|n| std::env::var_os(n)).expect("probe");
+                    let ordinal = rank % rt.device_count();
+                    let gpu = Gpu::open(rt, ordinal).expect("gpu");
+                    let layout = LayoutConfig::new(world).tp(tp).build().expect("layout");
+                    let pgc = ProcessGroupCollection::for_layout("candle-gpu", layout)
+                        .with_timeout(Duration::from_secs(60))
+                        .with_gpu(gpu)
+                        .build(rank, store)
+                        .expect("collection");
+                    let device = Device::new_cuda(ordinal).expect("candle cuda device");
+                    f(rank, Arc::new(pgc), device)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a rank failed; its message is above"))
+            .collect()
+    }
+
+    /// Rank `rank`'s sample `100·rank + i` (element `i`), on the CPU, in `dtype`.
+    fn sample(rank: usize, dims: &[usize], dtype: DType) -> Tensor {
+        let n: usize = dims.iter().product();
+        let v: Vec<f64> = (0..n).map(|i| (100 * rank + i) as f64).collect();
+        Tensor::from_vec(v, dims, &Device::Cpu)
+            .and_then(|t| t.to_dtype(dtype))
+            .expect("sample")
+    }
+
+    fn values(t: &Tensor) -> Vec<f64> {
+        t.to_device(&Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::F64))
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1())
+            .expect("values")
+    }
+
+    #[test]
+    fn tensor_collectives_on_cuda_match_the_cpu() {
+        let Some(world) = ranks_or_skip("candle cuda collectives") else {
+            return;
+        };
+        on_gpu_ranks(world, world, move |rank, pgc, dev| {
+            let tp = TensorGroup::kind(&pgc, "tp").expect("tp");
+            let on = |t: Tensor| t.to_device(&dev).expect("to cuda");
+            for dtype in [DType::F32, DType::BF16, DType::F64, DType::I64, DType::U8] {
+                let got = tp
+                    .all_reduce(&on(sample(rank, &[2, 3], dtype)), ReduceOp::Max)
+                    .expect("all_reduce");
+                assert!(got.device().is_cuda(), "the result stays on the gpu");
+                assert_eq!(got.dtype(), dtype);
+                assert_eq!(
+                    values(&got),
+                    values(&sample(world - 1, &[2, 3], dtype)),
+                    "{dtype:?} max"
+                );
+            }
+            let sum = tp
+                .all_reduce(&on(sample(rank, &[4], DType::F32)), ReduceOp::Sum)
+                .expect("sum");
+            let want: Vec<f64> = (0..4)
+                .map(|i| (0..world).map(|r| (100 * r + i) as f64).sum())
+                .collect();
+            assert_eq!(values(&sum), want);
+            // A transposed (non-contiguous) CUDA tensor is reduced by its logical layout.
+            let t = on(sample(rank, &[2, 3], DType::F32)).t().expect("t");
+            assert!(!t.is_contiguous());
+            let got = tp
+                .all_reduce(&t, ReduceOp::Sum)
+                .expect("all_reduce of a view");
+            let want = (0..world)
+                .map(|r| sample(r, &[2, 3], DType::F32).t().expect("t"))
+                .reduce(|a, b| (a + b).expect("add"))
+                .expect("ranks");
+            assert_eq!(values(&got), values(&want));
+            // all_gather along dim 1 is the concatenation of every rank's tensor.
+            let got = tp
+                .all_gather(&on(sample(rank, &[2, 3], DType::F32)), 1)
+                .expect("all_gather");
+            let parts: Vec<Tensor> = (0..world).map(|r| sample(r, &[2, 3], DType::F32)).collect();
+            assert_eq!(values(&got), values(&Tensor::cat(&parts, 1).expect("cat")));
+            // reduce_scatter along dim 0: this rank's rows of the sum.
+            let rows = 2 * world;
+            let got = tp
+                .reduce_scatter(&on(sample(rank, &[rows, 3], DType::F32)), 0, ReduceOp::Sum)
+                .expect("reduce_scatter");
+            let total = (0..world)
+                .map(|r| sample(r, &[rows, 3], DType::F64))
+                .reduce(|a, b| (a + b).expect("add"))
+                .expect("ranks");
+            let want = total.narrow(0, rank * 2, 2).expect("narrow");
+            assert_eq!(values(&got), values(&want));
+            // broadcast from the last rank.
+            let got = tp
+                .broadcast(&on(sample(rank, &[3], DType::F64)), world - 1)
+                .expect("broadcast");
+            assert_eq!(values(&got), values(&sample(world - 1, &[3], DType::F64)));
+        });
+    }
+
+    /// The fixed weights of the test's linear layer (4 outputs, 8 inputs) and its batch of 8 rows.
+    fn weights_and_batch() -> (Tensor, Tensor, Tensor, Tensor) {
+        let f = |n: usize, k: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| (((i * 7 + k * 13) % 17) as f32 - 8.0) / 16.0)
+                .collect()
+        };
+        let w = Tensor::from_vec(f(32, 1), (4, 8), &Device::Cpu).expect("w");
+        let b = Tensor::from_vec(f(4, 2), 4, &Device::Cpu).expect("b");
+        let x = Tensor::from_vec(f(64, 3), (8, 8), &Device::Cpu).expect("x");
+        let y = Tensor::from_vec(f(32, 4), (8, 4), &Device::Cpu).expect("y");
+        (w, b, x, y)
+    }
+
+    /// One SGD step of the linear layer on rows `first..first + rows`, gradients passed through `sync` (when
+    /// given) first; returns the updated weight and bias on the CPU.
+    fn step(dev: &Device, first: usize, rows: usize, sync: Option<&GradSync>) -> Vec<Vec<f64>> {
+        let (w, b, x, y) = weights_and_batch();
+        let (w, b) = (
+            Var::from_tensor(&w.to_device(dev).expect("w")).expect("var"),
+            Var::from_tensor(&b.to_device(dev).expect("b")).expect("var"),
+        );
+        let x = x
+            .narrow(0, first, rows)
+            .and_then(|t| t.to_device(dev))
+            .expect("x");
+        let y = y
+            .narrow(0, first, rows)
+            .and_then(|t| t.to_device(dev))
+            .expect("y");
+        let layer = Linear::new(w.as_tensor().clone(), Some(b.as_tensor().clone()));
+        let loss = layer
+            .forward(&x)
+            .and_then(|p| p.sub(&y))
+            .and_then(|d| d.sqr())
+            .and_then(|d| d.mean_all())
+            .expect("loss");
+        let mut grads: GradStore = loss.backward().expect("backward");
+        let vars = [w.clone(), b.clone()];
+        if let Some(sync) = sync {
+            let stats = sync.sync(&vars, &mut grads).expect("gradient sync");
+            assert_eq!(stats.elements, 36, "both gradients averaged");
+            assert_eq!(stats.buckets, 2, "16-byte buckets: one per variable");
+        }
+        let mut sgd = SGD::new(vars.to_vec(), 0.1).expect("sgd");
+        sgd.step(&grads).expect("step");
+        vars.iter().map(|v| values(v.as_tensor())).collect()
+    }
+
+    #[test]
+    fn one_data_parallel_step_on_cuda_matches_one_rank_on_the_cpu() {
+        let Some(world) = ranks_or_skip("candle cuda dp step") else {
+            return;
+        };
+        // The reference: one rank, the whole batch, on the CPU.
+        let want = step(&Device::Cpu, 0, 8, None);
+        let got = on_gpu_ranks(world, 1, move |rank, pgc, dev| {
+            let dp = TensorGroup::kind(&pgc, "dp").expect("dp");
+            let sync = GradSync::new(dp).with_bucket_bytes(16);
+            let rows = 8 / world;
+            step(&dev, rank * rows, rows, Some(&sync))
+        });
+        for (rank, vars) in got.iter().enumerate() {
+            for (v, (g, w)) in vars.iter().zip(&want).enumerate() {
+                for (a, b) in g.iter().zip(w) {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * b.abs().max(1e-3),
+                        "rank {rank} variable {v}: {a} on the gpu, {b} on the cpu"
+                    );
+                }
+            }
+        }
+    }
+}
