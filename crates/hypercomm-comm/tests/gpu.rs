@@ -616,6 +616,25 @@ fn two_ranks_overlap_all_gather_and_reduce_scatter_on_twin_communicators() {
     on_two_ranks("two-rank overlap", |rank, gpu, store| {
         let dp = pair(&gpu, &store, rank, "dp_cp");
         let ag = pair(&gpu, &store, rank, "dp_cp_ag");
+        // First in the same order on both ranks. NCCL (2.22 and later) connects a communicator's peers on its
+        // first collective, whose enqueue settles only when every rank has reached it, and an enqueue returns only
+        // once settled: opposite first operations leave each rank waiting in its first enqueue for the other,
+        // until the timeout (seen on an H100 with NCCL 2.30.7, 2026-11-23).
+        ag.all_gather_into(
+            gpu.upload(&[0f32]).unwrap(),
+            gpu.alloc_zeros::<f32>(2).unwrap(),
+        )
+        .unwrap()
+        .synchronize()
+        .unwrap();
+        dp.reduce_scatter_into(
+            gpu.upload(&[0f32; 2]).unwrap(),
+            gpu.alloc_zeros::<f32>(1).unwrap(),
+            ReduceOp::Sum,
+        )
+        .unwrap()
+        .synchronize()
+        .unwrap();
         let n = 1 << 20;
         for round in 0..10 {
             let shard = vec![(rank * 10 + round) as f32; n];
@@ -696,10 +715,11 @@ fn two_ranks_one_that_never_calls_is_a_timeout_that_aborts() {
         .unwrap();
         if rank == 0 {
             let started = Instant::now();
+            // The timeout comes from the enqueue itself where NCCL connects the peers on the first collective
+            // (2.22 and later): it settles only when rank 1 arrives. From the wait otherwise.
             let e = comm
                 .all_reduce(gpu.upload(&[1.0f32; 1024]).unwrap(), ReduceOp::Sum)
-                .unwrap()
-                .synchronize()
+                .and_then(|work| work.synchronize())
                 .expect_err("rank 1 never calls");
             eprintln!("two-rank timeout: {e} after {:?}", started.elapsed());
             assert!(matches!(e, CommError::Timeout { .. }), "{e}");
