@@ -24,6 +24,13 @@ pub(crate) fn multi_rank_gpu() -> bool {
         && std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").is_ok_and(|v| v.trim() == "1")
 }
 
+/// Whether a communicator connects its peers lazily, on its first collective (NCCL's runtime connection): NCCL
+/// 2.22 or newer (by `FAKE_NCCL_VERSION`) unless `NCCL_RUNTIME_CONNECT=0`, which connects at creation, as in the
+/// real library.
+pub(crate) fn runtime_connect() -> bool {
+    nccl_version() >= 22200 && !std::env::var("NCCL_RUNTIME_CONNECT").is_ok_and(|v| v.trim() == "0")
+}
+
 /// `FAKE_NCCL_INIT_POLLS`: extra `ncclCommGetAsyncError` polls a non-blocking communicator stays in progress
 /// after its creation has finished (default 2).
 pub(crate) fn init_polls() -> u32 {

@@ -10,7 +10,8 @@
 //!   stale data.
 //! - Communicators have any number of ranks, threads of one process or processes of one machine, which meet
 //!   through files and exchange real data; creation, split and shrink are asynchronous as NCCL's are, configs are
-//!   validated as NCCL validates them, and failures come on demand ([`nccl`]).
+//!   validated as NCCL validates them, a communicator's first collective waits for every rank to reach its own
+//!   (NCCL's runtime connection), and failures come on demand ([`nccl`]).
 //! - Kernels do not run: `cuModuleLoadData` answers "not supported", and hypercomm reports a missing NVRTC.
 //!
 //! What it cannot show: real GPU concurrency and speed, and NCCL's own algorithms; that is the GPU machine's job
@@ -18,8 +19,9 @@
 //!
 //! Knobs ([`knobs`]), read from the environment of the process that loads it: `FAKE_GPU_DEVICES`,
 //! `FAKE_GPU_HANG_SECS`, `FAKE_NCCL_VERSION`, `FAKE_NCCL_INIT_POLLS`, `FAKE_NCCL_OP_POLLS`,
-//! `FAKE_NCCL_FAIL_AFTER`, `FAKE_NCCL_FAIL_RANK`, `FAKE_NCCL_TIMEOUT_SECS`, `FAKE_NCCL_DIR`. Each communicator's
-//! config is logged to stderr as `fake-nccl: <call>: <fields>`.
+//! `FAKE_NCCL_FAIL_AFTER`, `FAKE_NCCL_FAIL_RANK`, `FAKE_NCCL_TIMEOUT_SECS`, `FAKE_NCCL_DIR`, and NCCL's own
+//! `NCCL_MULTI_RANK_GPU_ENABLE` and `NCCL_RUNTIME_CONNECT`. Each communicator's config is logged to stderr as
+//! `fake-nccl: <call>: <fields>`.
 
 pub(crate) mod cuda;
 mod event;

@@ -2,6 +2,7 @@
 
 use std::ffi::c_void;
 use std::ptr::null_mut;
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use nccl_sys::config::config_initializer;
@@ -114,13 +115,18 @@ fn join(id: ncclUniqueId, rank: i32, n: i32) -> ncclComm_t {
     c
 }
 
+/// What `ncclCommGetAsyncError` answers for `c` now.
+fn state(c: ncclComm_t) -> u32 {
+    let mut state = 0;
+    // SAFETY: `c` is live; `state` a live local.
+    assert_eq!(unsafe { ncclCommGetAsyncError(c, &mut state) }, 0);
+    state
+}
+
 fn settle(c: ncclComm_t) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let mut state = 0;
-        // SAFETY: `c` is live; `state` a live local.
-        assert_eq!(unsafe { ncclCommGetAsyncError(c, &mut state) }, 0);
-        match state {
+        match state(c) {
             0 => return,
             7 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
             s => panic!("communicator state {s}"),
@@ -216,4 +222,141 @@ fn two_ranks_on_one_device_are_refused_before_nccl_2_30() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(states, [5, 5], "ncclInvalidUsage: duplicate GPU");
+}
+
+/// Enqueues an all-reduce (sum) of the one `f32` at `buf` on `c` and `s`; NCCL's answer.
+fn sum_in_place(buf: u64, c: ncclComm_t, s: *mut c_void) -> u32 {
+    // SAFETY: `buf` holds one f32 until the stream has run the call (the callers synchronise before freeing);
+    // `c` and `s` are live.
+    unsafe {
+        ncclAllReduce(
+            buf as *const c_void,
+            buf as *mut c_void,
+            1,
+            7,
+            0,
+            c,
+            s.cast(),
+        )
+    }
+}
+
+fn upload_f32(buf: u64, v: f32, s: *mut c_void) {
+    let bytes = v.to_le_bytes();
+    // SAFETY: `buf` holds 4 bytes; the copy takes the host bytes at the call; the stream is live.
+    let r = unsafe { cuMemcpyHtoDAsync_v2(buf, bytes.as_ptr().cast(), 4, s) };
+    assert_eq!(r, 0);
+}
+
+/// Polls `c` for up to `limit`: whether it settled (a failure panics).
+fn settles_within(c: ncclComm_t, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        match state(c) {
+            0 => return true,
+            7 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            7 => return false,
+            s => panic!("communicator state {s}"),
+        }
+    }
+}
+
+#[test]
+fn a_first_collective_stays_in_progress_until_every_rank_has_called_one() {
+    // NCCL's runtime connection (2.22 and later), seen on an H100 with NCCL 2.30.7 (2026-11-23): a communicator
+    // connects its peers on its first collective, so that first enqueue does not settle until every rank has
+    // made its own. Later collectives settle on their own. (Rank 0 asserts only after both barriers, so that a
+    // failure cannot leave rank 1 waiting at one.)
+    let id = unique_id();
+    let (first, second) = (Barrier::new(2), Barrier::new(2));
+    let ranks: Vec<(bool, bool, Vec<u8>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let (first, second) = (&first, &second);
+                scope.spawn(move || {
+                    let c = join(id, rank, 2);
+                    let s = stream();
+                    let buf = alloc(4);
+                    upload_f32(buf, (rank + 1) as f32, s);
+                    if rank == 1 {
+                        first.wait();
+                    }
+                    assert_eq!(sum_in_place(buf, c, s), 7);
+                    // Rank 0 polls for 200 ms before rank 1 calls anything.
+                    let early = rank == 0 && settles_within(c, Duration::from_millis(200));
+                    if rank == 0 {
+                        first.wait();
+                    }
+                    settle(c);
+                    // Rank 0's second all-reduce settles before rank 1 calls it.
+                    if rank == 1 {
+                        second.wait();
+                    }
+                    assert_eq!(sum_in_place(buf, c, s), 7);
+                    let alone = rank == 1 || settles_within(c, Duration::from_secs(5));
+                    if rank == 0 {
+                        second.wait();
+                    }
+                    settle(c);
+                    // SAFETY: live stream.
+                    assert_eq!(unsafe { cuStreamSynchronize(s) }, 0);
+                    let bytes = download(buf, 4);
+                    // SAFETY: live, not used again.
+                    assert_eq!(unsafe { ncclCommDestroy(c) }, 0);
+                    (early, alone, bytes)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        !ranks[0].0,
+        "rank 0's first all-reduce settled before rank 1 called one"
+    );
+    assert!(ranks[0].1, "rank 0's second all-reduce waited for rank 1");
+    // (1 + 2) summed again over both ranks.
+    assert_eq!(ranks[0].2, 6f32.to_le_bytes());
+    assert_eq!(ranks[1].2, 6f32.to_le_bytes());
+}
+
+#[test]
+fn a_blocking_first_collective_waits_in_the_call_for_every_rank() {
+    let id = unique_id();
+    let waited: Vec<Duration> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                scope.spawn(move || {
+                    cuCtxSetCurrent(std::ptr::without_provenance_mut(rank as usize + 1));
+                    let mut c = null_mut();
+                    // SAFETY: `c` is a live local; no config means blocking.
+                    assert_eq!(unsafe { ncclCommInitRank(&mut c, 2, id, rank) }, 0);
+                    let s = stream();
+                    let buf = alloc(4);
+                    upload_f32(buf, 1.0, s);
+                    if rank == 1 {
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
+                    let started = Instant::now();
+                    assert_eq!(
+                        sum_in_place(buf, c, s),
+                        0,
+                        "a blocking call settles in the call"
+                    );
+                    let waited = started.elapsed();
+                    // SAFETY: live stream, then a live communicator not used again.
+                    unsafe {
+                        assert_eq!(cuStreamSynchronize(s), 0);
+                        assert_eq!(ncclCommDestroy(c), 0);
+                    }
+                    waited
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        waited[0] >= Duration::from_millis(200),
+        "rank 0's first call returned after {:?}, before rank 1 had called",
+        waited[0]
+    );
 }

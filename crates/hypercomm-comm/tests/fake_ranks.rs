@@ -54,6 +54,10 @@ fn suite_ranks_as_threads() {
     ] {
         pass_under_fake(name, &[(DEVICES, "3")]);
     }
+    pass_under_fake(
+        "fake_opposite_first_operations_on_twins_pass_when_connected_at_creation",
+        &[(DEVICES, "2"), ("NCCL_RUNTIME_CONNECT", "0")],
+    );
 }
 
 #[test]
@@ -61,6 +65,7 @@ fn suite_failures_are_reported_not_hung() {
     for name in [
         "fake_a_rank_that_never_joins_is_a_timeout",
         "fake_a_rank_that_never_calls_is_a_timeout_that_aborts",
+        "fake_opposite_first_operations_on_twins_time_out",
         "fake_two_ranks_on_one_device_need_nccl_2_30",
     ] {
         pass_under_fake(name, &[(DEVICES, "2"), ("FAKE_NCCL_TIMEOUT_SECS", "30")]);
@@ -325,6 +330,10 @@ fn fake_all_gather_and_reduce_scatter_overlap_on_twin_communicators() {
         let dp = join(&gpu, &store, 2, rank, "dp_cp");
         let ag = join(&gpu, &store, 2, rank, "dp_cp_ag");
         assert_ne!(dp.stream().cu_stream(), ag.stream().cu_stream());
+        // First in the same order on both ranks: the first collective connects the peers (NCCL's runtime
+        // connection, 2.22 and later) and settles only when every rank has reached it, so opposite first
+        // operations would wait on each other until the timeout (seen on an H100 with NCCL 2.30.7, 2026-11-23).
+        warm_up(&gpu, &ag, &dp);
         for round in 0..5 {
             let shard: Vec<f32> = vec![(rank * 10 + round) as f32; 4];
             let grads: Vec<f32> = (0..8).map(|i| (rank + i + round) as f32).collect();
@@ -356,6 +365,94 @@ fn fake_all_gather_and_reduce_scatter_overlap_on_twin_communicators() {
                 .collect();
             assert_eq!(reduced.download().unwrap(), want_s);
         }
+    });
+}
+
+/// One small all-gather on `ag`, then one small reduce-scatter on `dp`, each waited for: both connected.
+fn warm_up(gpu: &Arc<Gpu>, ag: &DeviceCommunicator, dp: &DeviceCommunicator) {
+    let n = ag.size();
+    ag.all_gather_into(
+        gpu.upload(&[0f32]).unwrap(),
+        gpu.alloc_zeros::<f32>(n).unwrap(),
+    )
+    .unwrap()
+    .synchronize()
+    .unwrap();
+    dp.reduce_scatter_into(
+        gpu.upload(&vec![0f32; n]).unwrap(),
+        gpu.alloc_zeros::<f32>(1).unwrap(),
+        ReduceOp::Sum,
+    )
+    .unwrap()
+    .synchronize()
+    .unwrap();
+}
+
+/// An all-gather on `ag` and a reduce-scatter on `dp`, issued in opposite orders by the two ranks (the all-gather
+/// first on rank 0), then both waited for.
+fn opposite_orders(
+    rank: usize,
+    gpu: &Arc<Gpu>,
+    ag: &DeviceCommunicator,
+    dp: &DeviceCommunicator,
+) -> Result<(), CommError> {
+    let gather = || {
+        ag.all_gather_into(
+            gpu.upload(&[1f32]).unwrap(),
+            gpu.alloc_zeros::<f32>(2).unwrap(),
+        )
+    };
+    let scatter = || {
+        dp.reduce_scatter_into(
+            gpu.upload(&[1f32; 2]).unwrap(),
+            gpu.alloc_zeros::<f32>(1).unwrap(),
+            ReduceOp::Sum,
+        )
+    };
+    let (g, s) = if rank == 0 {
+        let g = gather()?;
+        (g, scatter()?)
+    } else {
+        let s = scatter()?;
+        (gather()?, s)
+    };
+    g.synchronize()?;
+    s.synchronize()?;
+    Ok(())
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_failures_are_reported_not_hung"]
+fn fake_opposite_first_operations_on_twins_time_out() {
+    // The H100 run of 2026-11-23 (NCCL 2.30.7): the first collective on a communicator connects its peers and
+    // settles only when every rank has reached it; ranks whose first operations are on twin communicators in
+    // opposite orders each wait in their first enqueue for the other.
+    ranks(2, |rank, gpu, store| {
+        let short = |name| {
+            DeviceCommunicator::new(
+                Arc::clone(&gpu),
+                Arc::clone(&store),
+                vec![0, 1],
+                rank,
+                options(name, Duration::from_secs(1)),
+            )
+            .unwrap()
+        };
+        let (dp, ag) = (short("dp_cp"), short("dp_cp_ag"));
+        let e = opposite_orders(rank, &gpu, &ag, &dp).expect_err("the ranks wait on each other");
+        assert!(matches!(e, CommError::Timeout { .. }), "{e}");
+        assert!(e.to_string().contains("enqueueing"), "{e}");
+    });
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_ranks_as_threads"]
+fn fake_opposite_first_operations_on_twins_pass_when_connected_at_creation() {
+    // NCCL_RUNTIME_CONNECT=0 (set by the suite) connects the peers when the communicator is created.
+    ranks(2, |rank, gpu, store| {
+        let dp = join(&gpu, &store, 2, rank, "dp_cp");
+        let ag = join(&gpu, &store, 2, rank, "dp_cp_ag");
+        opposite_orders(rank, &gpu, &ag, &dp).unwrap();
     });
 }
 
@@ -396,10 +493,11 @@ fn fake_a_rank_that_never_calls_is_a_timeout_that_aborts() {
         .unwrap();
         if rank == 0 {
             let started = Instant::now();
+            // From the enqueue, which connects the peers on the first collective and settles only when rank 1
+            // arrives (NCCL's runtime connection), or from the wait where the peers are connected already.
             let e = comm
                 .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
-                .unwrap()
-                .synchronize()
+                .and_then(|work| work.synchronize())
                 .expect_err("rank 1 never calls");
             assert!(matches!(e, CommError::Timeout { .. }), "{e}");
             assert!(started.elapsed() < Duration::from_secs(20));

@@ -40,6 +40,8 @@ pub(crate) struct Comm {
     next_control: AtomicU64,
     next_send: Mutex<Vec<u64>>,
     next_recv: Mutex<Vec<u64>>,
+    /// This rank has reached its first collective (see [`Comm::arrive`]).
+    arrived: AtomicBool,
     /// Operations run (for `FAKE_NCCL_FAIL_AFTER`).
     ops_run: AtomicU64,
     /// Operations enqueued and not yet run (for `ncclCommFinalize`).
@@ -68,6 +70,7 @@ impl Comm {
             next_control: AtomicU64::new(0),
             next_send: Mutex::new(vec![0; nranks]),
             next_recv: Mutex::new(vec![0; nranks]),
+            arrived: AtomicBool::new(false),
             ops_run: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             fail_after: knobs::fail_after(rank),
@@ -159,6 +162,39 @@ impl Comm {
     /// The next control exchange's place in the order.
     pub(crate) fn next_control(&self) -> u64 {
         self.next_control.fetch_add(1, Ordering::AcqRel)
+    }
+
+    /// NCCL's runtime connection (2.22 and later, unless `NCCL_RUNTIME_CONNECT=0`): a communicator of several
+    /// ranks connects its peers on its first collective, send or receive, which needs every rank there. On that
+    /// first use this publishes `connect.r<rank>` and answers true: the caller then waits, in
+    /// [`Comm::await_connected`], until every rank has. False on every later use, and when there is nothing to
+    /// connect.
+    pub(crate) fn arrive(&self) -> Result<bool, String> {
+        if self.nranks == 1
+            || !knobs::runtime_connect()
+            || self.arrived.swap(true, Ordering::AcqRel)
+        {
+            return Ok(false);
+        }
+        publish(&self.dir, &format!("connect.r{}", self.rank), &[])?;
+        Ok(true)
+    }
+
+    /// Waits until every rank has [arrived](Comm::arrive): the peers are connected. Gives up on abort or after
+    /// the peer timeout, where a real NCCL would wait for ever.
+    pub(crate) fn await_connected(&self) -> Result<(), (ncclResult_t, String)> {
+        for r in 0..self.nranks {
+            await_file(&self.dir, &format!("connect.r{r}"), &self.stop).map_err(|e| {
+                (
+                    super::SYSTEM_ERROR,
+                    format!(
+                        "connecting the peers on the first collective (runtime connection): rank {r} never \
+                         reached its first collective: {e}"
+                    ),
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// Whether the next operation should fail by `FAKE_NCCL_FAIL_AFTER`; counts it as run otherwise.

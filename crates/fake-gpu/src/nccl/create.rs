@@ -52,9 +52,10 @@ fn comm_name(config: Option<&ncclConfig_t>, fallback: String) -> String {
 }
 
 /// Runs `job` as NCCL runs a communicator's creation: on a thread of the fake for a non-blocking communicator
-/// (`ncclInProgress` until it finishes), at once otherwise.
-fn run_job(
+/// (`ncclInProgress` until it finishes, and for `polls` more polls), at once otherwise.
+pub(super) fn run_job(
     owner: &Arc<Comm>,
+    polls: u32,
     job: impl FnOnce() -> Result<(), (ncclResult_t, String)> + Send + 'static,
 ) -> ncclResult_t {
     if owner.non_blocking {
@@ -66,7 +67,7 @@ fn run_job(
                 if let Err((code, why)) = job() {
                     comm.fail(code, &why);
                 }
-                comm.linger(knobs::init_polls());
+                comm.linger(polls);
                 comm.set_job_running(false);
             });
         match spawned {
@@ -140,7 +141,7 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
     // SAFETY: non-null and valid by the contract.
     unsafe { out.write(into_handle(Arc::clone(&comm))) };
     let (joining, device) = (Arc::clone(&comm), crate::cuda::current_device());
-    let answer = run_job(&comm, move || joining.join(device));
+    let answer = run_job(&comm, knobs::init_polls(), move || joining.join(device));
     if answer != SUCCESS && answer != IN_PROGRESS {
         // A blocking creation that failed leaves no communicator behind.
         // SAFETY: the handle was written just above and nobody else has it yet.
@@ -262,7 +263,7 @@ pub unsafe extern "C" fn ncclCommSplit(
     let k = parent.next_control();
     let slot = ChildOut(out as usize);
     let p = Arc::clone(&parent);
-    let answer = run_job(&parent, move || {
+    let answer = run_job(&parent, knobs::init_polls(), move || {
         let mine = [color.to_le_bytes(), key.to_le_bytes()].concat();
         let all: Vec<usize> = (0..p.nranks).collect();
         let records = p
@@ -367,7 +368,7 @@ pub unsafe extern "C" fn ncclCommShrink(
     let k = parent.next_control();
     let slot = ChildOut(out as usize);
     let p = Arc::clone(&parent);
-    let answer = run_job(&parent, move || {
+    let answer = run_job(&parent, knobs::init_polls(), move || {
         let survivors: Vec<usize> = (0..p.nranks).filter(|r| !excluded.contains(r)).collect();
         let mine: Vec<u8> = excluded
             .iter()

@@ -1,5 +1,6 @@
 //! Issuing collectives and point-to-point calls: checked and numbered when called, held by an open group, and
-//! queued on their stream to run when it reaches them ([`super::ops`]).
+//! queued on their stream to run when it reaches them ([`super::ops`]). A communicator's first one connects its
+//! peers, and does not settle before every rank has come to its own first one ([`connect`]).
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
@@ -8,7 +9,8 @@ use std::sync::atomic::Ordering;
 
 use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 
-use super::comm::from_handle;
+use super::comm::{Comm, from_handle};
+use super::create::run_job;
 use super::ops::{self, Call, Issued, issue};
 use super::{IN_PROGRESS, INVALID_ARGUMENT, INVALID_USAGE, SUCCESS, SYSTEM_ERROR};
 use crate::{knobs, stream};
@@ -34,6 +36,15 @@ fn submit(stream_handle: usize, batch: Vec<Issued>) -> Result<(), String> {
     let work: stream::Work = Box::new(move || unsafe { ops::run(batch) });
     // SAFETY: the stream handle came from the caller of an NCCL function, valid by its contract.
     unsafe { stream::submit(stream_handle as *mut c_void, work) }
+}
+
+/// NCCL's runtime connection, after `comm` [arrived](Comm::arrive) at its first collective: a non-blocking
+/// communicator stays in progress until every rank has come to its own (`ncclInProgress`), a blocking one waits
+/// here. Seen on an H100 with NCCL 2.30.7 (2026-11-23): two ranks whose first collectives were on two
+/// communicators in opposite orders each waited in their first enqueue for the other, until the timeout.
+fn connect(comm: &Arc<Comm>) -> ncclResult_t {
+    let c = Arc::clone(comm);
+    run_job(comm, 0, move || c.await_connected())
 }
 
 /// Issues one call: checked now, queued on the stream (or held by the open group).
@@ -73,10 +84,14 @@ unsafe fn enqueue(c: ncclComm_t, call: Call, s: cudaStream_t) -> ncclResult_t {
         return SYSTEM_ERROR;
     }
     comm.linger(knobs::op_polls());
-    if comm.non_blocking && knobs::op_polls() > 0 {
-        IN_PROGRESS
-    } else {
-        SUCCESS
+    match comm.arrive() {
+        Ok(true) => connect(&comm),
+        Ok(false) if comm.non_blocking && knobs::op_polls() > 0 => IN_PROGRESS,
+        Ok(false) => SUCCESS,
+        Err(e) => {
+            comm.fail(SYSTEM_ERROR, &e);
+            SYSTEM_ERROR
+        }
     }
 }
 
@@ -176,6 +191,7 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
         }
     }
     let mut answer = SUCCESS;
+    let mut connecting = Vec::new();
     for (s, batch) in batches {
         let comm = Arc::clone(&batch[0].comm);
         if let Err(e) = submit(s, batch) {
@@ -185,6 +201,22 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
         comm.linger(knobs::op_polls());
         if comm.non_blocking && knobs::op_polls() > 0 {
             answer = IN_PROGRESS;
+        }
+        match comm.arrive() {
+            Ok(true) => connecting.push(comm),
+            Ok(false) => {}
+            Err(e) => {
+                comm.fail(SYSTEM_ERROR, &e);
+                return SYSTEM_ERROR;
+            }
+        }
+    }
+    // Every communicator of the group has arrived before any waits: the group connects them together.
+    for comm in connecting {
+        match connect(&comm) {
+            SUCCESS => {}
+            IN_PROGRESS => answer = IN_PROGRESS,
+            e => return e,
         }
     }
     answer

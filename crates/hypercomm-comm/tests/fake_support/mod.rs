@@ -48,7 +48,7 @@ impl Drop for FakeDir {
 }
 
 /// Puts `cmd` under the fake: the fake first on the loader path as `libcuda.so`, in `NCCL_LIBRARY`, its exchange
-/// files in `dir`, then `env`.
+/// files in `dir`, then `env`. NCCL knobs the fake honours are not inherited: a test sets them in `env`.
 pub fn with_fake_env(cmd: &mut Command, dir: &FakeDir, env: &[(&str, &str)]) {
     let mut path = dir.0.clone().into_os_string();
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
@@ -59,6 +59,7 @@ pub fn with_fake_env(cmd: &mut Command, dir: &FakeDir, env: &[(&str, &str)]) {
         .env("NCCL_LIBRARY", fake_library())
         .env("FAKE_NCCL_DIR", dir.0.join("exchange"))
         .env_remove("NCCL_MULTI_RANK_GPU_ENABLE")
+        .env_remove("NCCL_RUNTIME_CONNECT")
         .env(UNDER_FAKE, "1");
     for (k, v) in env {
         cmd.env(k, v);
