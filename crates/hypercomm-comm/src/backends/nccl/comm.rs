@@ -270,12 +270,12 @@ impl Drop for NcclComm {
             Ok(Progress::Done) => true,
             Ok(Progress::Pending) => {
                 let deadline = Instant::now() + self.timeout;
+                let mut backoff = Backoff::new(Duration::from_millis(1));
+                // Bounded by the deadline.
                 loop {
                     match raw::async_error(nccl, h) {
                         Ok(Progress::Done) => break true,
-                        Ok(Progress::Pending) if Instant::now() < deadline => {
-                            std::thread::sleep(Duration::from_micros(100))
-                        }
+                        Ok(Progress::Pending) if Instant::now() < deadline => backoff.pause(),
                         _ => break false,
                     }
                 }
