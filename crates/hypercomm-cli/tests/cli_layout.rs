@@ -151,6 +151,93 @@ fn rank_query_matches_the_full_listing() {
     }
 }
 
+/// The members a `--compact` group object describes: `base + Σ digit_k(start + i) · stride_k`, first axis fastest.
+fn expand(compact: &Value) -> Value {
+    let n = |v: &Value| v.as_u64().expect("a number") as usize;
+    let axes: Vec<(usize, usize)> = compact["axes"]
+        .as_array()
+        .expect("axes")
+        .iter()
+        .map(|a| (n(&a[0]), n(&a[1])))
+        .collect();
+    let (base, start, len) = (
+        n(&compact["base"]),
+        n(&compact["start"]),
+        n(&compact["len"]),
+    );
+    (start..start + len)
+        .map(|mut position| {
+            let mut rank = base;
+            for &(stride, size) in &axes {
+                rank += (position % size) * stride;
+                position /= size;
+            }
+            Value::from(rank)
+        })
+        .collect()
+}
+
+#[test]
+fn compact_rank_query_describes_the_same_members_at_any_size() {
+    let base = [
+        "layout", "--world", "64", "--tp", "2", "--pp", "4", "--cp", "2", "--ep", "2", "--hcp",
+        "1,2", "--offset", "64", "--json",
+    ];
+    for rank in [64usize, 71, 100, 127] {
+        let rank_text = rank.to_string();
+        let mut args = base.to_vec();
+        args.extend(["--rank", &rank_text]);
+        let listed = json(&args);
+        args.push("--compact");
+        let compact = json(&args);
+        assert_eq!(compact["rank"], rank);
+        let (listed, compact) = (
+            listed["groups"].as_object().unwrap(),
+            compact["groups"].as_object().unwrap(),
+        );
+        assert_eq!(
+            listed.keys().collect::<Vec<_>>(),
+            compact.keys().collect::<Vec<_>>()
+        );
+        for (field, members) in listed {
+            let got = match &compact[field] {
+                Value::Array(levels) => Value::Array(levels.iter().map(expand).collect()),
+                one => expand(one),
+            };
+            assert_eq!(&got, members, "{field} for rank {rank}");
+        }
+    }
+    // The same query at 16,777,216 ranks lists groups of up to every rank; the compact form stays small.
+    let out = hypercomm(&[
+        "layout",
+        "--world",
+        "16777216",
+        "--tp",
+        "8",
+        "--cp",
+        "2",
+        "--ep",
+        "8",
+        "--pp",
+        "16",
+        "--rank",
+        "777",
+        "--json",
+        "--compact",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.len() < 4096, "{} bytes", out.stdout.len());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["groups"]["intra_dist_opt"]["len"], 16_777_216);
+    // --compact needs --rank and --json.
+    let out = hypercomm(&["layout", "--world", "8", "--json", "--compact"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
 #[test]
 fn bad_input_exits_2_with_one_line() {
     for (args, needle) in [

@@ -107,6 +107,22 @@ impl GroupRanks {
         out
     }
 
+    /// The rank every member is offset from.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// The `(stride, size)` axes, earliest (fastest-varying) first; axes of size 1 are left out.
+    pub fn axes(&self) -> &[(usize, usize)] {
+        &self.axes
+    }
+
+    /// The position in the enumeration of the axes where the members begin (0 unless the group is a part of a
+    /// larger product, as a hierarchical context-parallel level is).
+    pub fn start(&self) -> usize {
+        self.start
+    }
+
     /// `Σ coord · stride` of the position with mixed-radix index `index` on the axes.
     fn offset_at(&self, mut index: usize) -> usize {
         let mut offset = 0;
@@ -115,6 +131,33 @@ impl GroupRanks {
             index /= size;
         }
         offset
+    }
+}
+
+/// `{"base":B,"axes":[[stride,size],...],"start":S,"len":L}`: member `i` is `B + Σ_k d_k · stride_k`, where
+/// `d_k` are the mixed-radix digits of `S + i` over the sizes, the first axis varying fastest. Its size is
+/// O(dimensions) at any world size, where the member list is O(group size).
+///
+/// ```
+/// use hypercomm_grid::Grid;
+///
+/// let grid = Grid::new([("tp", 2), ("cp", 2), ("dp", 4)])?;
+/// let m = grid.compact_group_of(13, ["dp", "cp"])?;
+/// assert_eq!(
+///     serde_json::to_string(&m.ranks)?,
+///     r#"{"base":1,"axes":[[2,2],[4,4]],"start":0,"len":8}"#
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl serde::Serialize for GroupRanks {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("GroupRanks", 4)?;
+        s.serialize_field("base", &self.base)?;
+        s.serialize_field("axes", &self.axes)?;
+        s.serialize_field("start", &self.start)?;
+        s.serialize_field("len", &self.len)?;
+        s.end()
     }
 }
 

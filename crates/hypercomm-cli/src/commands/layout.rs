@@ -32,6 +32,11 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// With --rank and --json: each group as `{"base","axes","start","len"}` instead of its member list, so the
+    /// output stays the same size at any world size (member i is base + Σ digit_k(start + i) · stride_k over the
+    /// axes' sizes, the first axis fastest).
+    #[arg(long, requires_all = ["rank", "json"])]
+    compact: bool,
     /// Draw the layout to this file instead of printing it: `.svg` or `.png`.
     #[arg(long, value_name = "FILE")]
     render: Option<PathBuf>,
@@ -75,7 +80,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         return render(&args, &layout, path);
     }
     match args.rank {
-        Some(rank) => print_rank(&layout, rank, args.json),
+        Some(rank) => print_rank(&layout, rank, args.json, args.compact),
         None => print_all(&layout, args.json),
     }
 }
@@ -105,7 +110,12 @@ fn print_all(layout: &ParallelLayout, json: bool) -> Result<(), CliError> {
 /// Prints one rank's groups. Each group is computed in compact form ([`CompactMembership`]) and its members are
 /// streamed straight to the output, so memory stays flat at any world size; the table shows long groups elided,
 /// so its time is flat too, while the JSON lists every member and takes time in proportion to what it prints.
-fn print_rank(layout: &ParallelLayout, rank: usize, json: bool) -> Result<(), CliError> {
+fn print_rank(
+    layout: &ParallelLayout,
+    rank: usize,
+    json: bool,
+    compact: bool,
+) -> Result<(), CliError> {
     if !layout.ranks().contains(&rank) {
         return Err(CliError::Usage(format!(
             "--rank {rank} is outside the layout's ranks {}..{}",
@@ -121,7 +131,7 @@ fn print_rank(layout: &ParallelLayout, rank: usize, json: bool) -> Result<(), Cl
         }
     }
     if json {
-        return write_rank_json(rank, &groups).map_err(CliError::from);
+        return write_rank_json(rank, &groups, compact).map_err(CliError::from);
     }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     write_summary(&mut out, layout)?;
@@ -151,12 +161,22 @@ fn print_rank(layout: &ParallelLayout, rank: usize, json: bool) -> Result<(), Cl
     Ok(())
 }
 
-/// `{"rank":R,"groups":{"tp":[...],...,"hcp":[[...],...]}}`, as serde_json would print it, streamed.
+/// `{"rank":R,"groups":{"tp":[...],...,"hcp":[[...],...]}}`, as serde_json would print it, streamed; with
+/// `compact`, each member list is the group's [`GroupRanks`](hypercomm_grid::GroupRanks) object instead.
 fn write_rank_json(
     rank: usize,
     groups: &[(GroupKind, Vec<CompactMembership>)],
+    compact: bool,
 ) -> std::io::Result<()> {
     let mut out = JsonStream::new(std::io::stdout().lock());
+    let members = |out: &mut JsonStream<_>, ranks: &hypercomm_grid::GroupRanks| {
+        if compact {
+            // A handful of numbers: serde_json cannot fail on a struct of integers.
+            out.raw(&serde_json::to_string(ranks).unwrap_or_default());
+        } else {
+            out.ranks(ranks);
+        }
+    };
     out.raw("{\"rank\":");
     out.number(rank);
     out.raw(",\"groups\":{");
@@ -171,11 +191,11 @@ fn write_rank_json(
                 if level > 0 {
                     out.raw(",");
                 }
-                out.ranks(&m.ranks);
+                members(&mut out, &m.ranks);
             }
             out.raw("]");
         } else if let Some(m) = memberships.first() {
-            out.ranks(&m.ranks);
+            members(&mut out, &m.ranks);
         }
     }
     out.raw("}}\n");
