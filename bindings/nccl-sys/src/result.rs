@@ -1,20 +1,18 @@
 //! NCCL return codes as Rust `Result`s, with NCCL's own text attached.
 //!
-//! Every NCCL call returns an `ncclResult_t`. [`Nccl::check`] turns one into `Result<(), NcclError>`, naming the
-//! function, the code and NCCL's description of it (`ncclGetErrorString`) and, where the library has
-//! `ncclGetLastError`, the detailed message of the last failure. [`NcclError::Unavailable`] and
-//! [`NcclError::NotExported`] are the errors for calling what the loaded library does not have; see
-//! [`Nccl::require`].
+//! Every NCCL call returns an `ncclResult_t`: [`ResultCode`] names it, and [`NcclError::Call`] carries it with the
+//! function and NCCL's texts, which the loaded library supplies ([`Nccl::check`](crate::Nccl::check), in the
+//! loader, since only a loaded library can describe its codes). [`NcclError::Unavailable`] and
+//! [`NcclError::NotExported`] are the errors for calling what the loaded library does not have ([`availability`];
+//! see [`Nccl::require`](crate::Nccl::require)). This module knows nothing of the loader.
 //!
 //! `ncclInProgress` is reported as an error with code [`ResultCode::InProgress`]: on a non-blocking communicator
 //! it means "started, poll `ncclCommGetAsyncError`", which the caller must handle explicitly
 //! ([`NcclError::is_in_progress`]).
 
-use std::ffi::CStr;
 use std::fmt;
 
 use crate::function::Function;
-use crate::loader::Nccl;
 use crate::sys;
 use crate::version::Version;
 
@@ -164,7 +162,7 @@ impl NcclError {
 /// Decides whether `function` may be called on a library of release `loaded` that does (`exported`) or does not
 /// export its symbol: the release gate comes first, so a too-old library reports what release is needed.
 ///
-/// [`Nccl::require`] calls this with the loaded library's facts; it is public so the rule can be checked against
+/// [`Nccl::require`](crate::Nccl::require) calls this with the loaded library's facts; it is public so the rule can be checked against
 /// any version, e.g. that `ncclCommShrink` on 2.26 is refused:
 ///
 /// ```
@@ -193,78 +191,6 @@ pub fn availability(
         loaded,
         detail,
     })
-}
-
-impl Nccl {
-    /// Turns the return code of a call to `function` into a `Result`, attaching `ncclGetErrorString`'s text and,
-    /// when non-empty, `ncclGetLastError(comm)`'s (pass a null `comm` for calls that have none).
-    ///
-    /// # Safety
-    ///
-    /// `comm` must be null or a communicator created by this library and not yet destroyed.
-    pub unsafe fn check(
-        &self,
-        function: Function,
-        raw: sys::ncclResult_t,
-        comm: sys::ncclComm_t,
-    ) -> Result<(), NcclError> {
-        let code = match ResultCode::from_raw(raw) {
-            Ok(()) => return Ok(()),
-            Err(code) => code,
-        };
-        let description = self.error_string(code);
-        // SAFETY: the caller guarantees `comm` is null or a live communicator of this library.
-        let last_error = unsafe { self.last_error(comm) };
-        Err(NcclError::Call {
-            function,
-            code,
-            description,
-            last_error,
-        })
-    }
-
-    /// `ncclGetErrorString(code)`, or `None` when the library lacks it or returns null.
-    pub fn error_string(&self, code: ResultCode) -> Option<String> {
-        let f = *self
-            .api(Function::GetErrorString)
-            .ok()?
-            .ncclGetErrorString
-            .as_ref()
-            .ok()?;
-        // SAFETY: ncclGetErrorString takes any result value and returns null or a pointer to a static,
-        // NUL-terminated string; it touches no other state.
-        let ptr = unsafe { f(code.raw()) };
-        if ptr.is_null() {
-            return None;
-        }
-        // SAFETY: checked non-null; NCCL's strings are static and NUL-terminated.
-        let text = unsafe { CStr::from_ptr(ptr) };
-        Some(text.to_string_lossy().into_owned())
-    }
-
-    /// `ncclGetLastError(comm)`, or `None` when the library lacks it (before 2.13) or the message is empty.
-    ///
-    /// # Safety
-    ///
-    /// `comm` must be null or a communicator created by this library and not yet destroyed.
-    pub unsafe fn last_error(&self, comm: sys::ncclComm_t) -> Option<String> {
-        let f = *self
-            .api(Function::GetLastError)
-            .ok()?
-            .ncclGetLastError
-            .as_ref()
-            .ok()?;
-        // SAFETY: the caller guarantees `comm` is null (accepted by NCCL: the message is per thread) or live.
-        let ptr = unsafe { f(comm) };
-        if ptr.is_null() {
-            return None;
-        }
-        // SAFETY: non-null pointer to NCCL's NUL-terminated message buffer, copied out at once.
-        let message = unsafe { CStr::from_ptr(ptr) }
-            .to_string_lossy()
-            .into_owned();
-        (!message.is_empty()).then_some(message)
-    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ use crate::sys;
 use crate::version::Version;
 
 mod search;
+mod texts;
 
 use search::ask_python;
 pub use search::{Candidate, DEFAULT_SONAMES, PYTHON_PACKAGE_LIBRARY, PythonProbe, SearchConfig};
