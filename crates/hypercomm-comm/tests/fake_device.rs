@@ -42,6 +42,7 @@ fn suite_collectives_events_and_errors() {
         "fake_strided_views_without_nvrtc_fail_cleanly",
         "fake_process_group_routes_by_location",
         "fake_shrink_and_split",
+        "fake_foreign_device_memory_round_trips",
     ] {
         pass_under_fake(name, &[]);
     }
@@ -244,6 +245,41 @@ fn fake_process_group_routes_by_location() {
     // A send to oneself would wait forever in NCCL (nobody posts the receive while the send waits): refused.
     let e = pg.send(Placed::Device(b), 0, 0).err().unwrap();
     assert!(e.to_string().contains("peer 0 is not another rank"), "{e}");
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_collectives_events_and_errors"]
+fn fake_foreign_device_memory_round_trips() {
+    // Memory another cudarc user owns (as candle's tensors are), on a stream of its own.
+    let gpu = Gpu::open(runtime(), 0).unwrap();
+    let stream = gpu.context().new_stream().unwrap();
+    let theirs = stream.memcpy_stod(&[1.5f32, 2.5, 3.5]).unwrap();
+    let mut mine = gpu.alloc_zeros::<f32>(3).unwrap();
+    mine.copy_from_device(&theirs.slice(..), &stream).unwrap();
+    assert_eq!(mine.download().unwrap(), [1.5, 2.5, 3.5]);
+    let mut back = stream.alloc_zeros::<f32>(3).unwrap();
+    mine.copy_to_device(&mut back.slice_mut(..), &stream)
+        .unwrap();
+    assert_eq!(stream.memcpy_dtov(&back).unwrap(), [1.5, 2.5, 3.5]);
+    // A length or an element size that does not match is an error naming both, and nothing is copied.
+    let short = mine
+        .copy_from_device(&theirs.slice(..2), &stream)
+        .unwrap_err();
+    assert!(
+        short
+            .to_string()
+            .contains("2 elements of 4 bytes do not match a buffer of 3 f32 elements"),
+        "{short}"
+    );
+    let bytes = stream.alloc_zeros::<u8>(12).unwrap();
+    let wide = mine
+        .copy_from_device(&bytes.slice(..), &stream)
+        .unwrap_err();
+    assert!(
+        wide.to_string().contains("12 elements of 1 bytes"),
+        "{wide}"
+    );
+    assert_eq!(mine.download().unwrap(), [1.5, 2.5, 3.5]);
 }
 
 #[test]

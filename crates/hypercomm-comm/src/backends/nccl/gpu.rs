@@ -292,6 +292,18 @@ impl Gpu {
     }
 }
 
+/// The error for `bytes` of a buffer too short to view as `len` elements of `S` (which the size checks before rule
+/// out).
+fn unviewable<S>(label: &str, bytes: usize, len: usize) -> CommError {
+    CommError::InvalidArgument {
+        comm: label.to_owned(),
+        what: format!(
+            "the buffer's {bytes} bytes cannot be viewed as {len} elements of {} bytes",
+            std::mem::size_of::<S>()
+        ),
+    }
+}
+
 /// `len` elements of `T` in device memory of one [`Gpu`]. Stream-ordered: cudarc records which streams read and
 /// write it, so using it on another stream (or dropping it) waits for work already enqueued on it.
 pub struct DeviceBuffer<T: Element> {
@@ -366,17 +378,11 @@ impl<T: Element> DeviceBuffer<T> {
             return Ok(());
         }
         let label = self.gpu.label();
+        let (bytes, len) = (self.slice.len(), self.len);
         // SAFETY: the slice holds at least `len * T::DTYPE.size()` bytes, which is `len` elements of `S`
         // (same size, checked above); both are plain data, and the view only moves bytes.
-        let mut dst = unsafe { self.slice.transmute_mut::<S>(self.len) }.ok_or_else(|| {
-            CommError::InvalidArgument {
-                comm: label.clone(),
-                what: format!(
-                    "a {}-element buffer cannot be viewed as {} elements",
-                    self.len, self.len
-                ),
-            }
-        })?;
+        let mut dst = unsafe { self.slice.transmute_mut::<S>(len) }
+            .ok_or_else(|| unviewable::<S>(&label, bytes, len))?;
         stream
             .memcpy_dtod(src, &mut dst)
             .map_err(cuda_err(&label, "copying device memory into a buffer"))
@@ -396,15 +402,8 @@ impl<T: Element> DeviceBuffer<T> {
         }
         let label = self.gpu.label();
         // SAFETY: as in `copy_from_device`; the view is only read.
-        let src = unsafe { self.slice.transmute::<S>(self.len) }.ok_or_else(|| {
-            CommError::InvalidArgument {
-                comm: label.clone(),
-                what: format!(
-                    "a {}-element buffer cannot be viewed as {} elements",
-                    self.len, self.len
-                ),
-            }
-        })?;
+        let src = unsafe { self.slice.transmute::<S>(self.len) }
+            .ok_or_else(|| unviewable::<S>(&label, self.slice.len(), self.len))?;
         stream
             .memcpy_dtod(&src, dst)
             .map_err(cuda_err(&label, "copying a buffer into device memory"))
