@@ -253,14 +253,14 @@ fn fake_foreign_device_memory_round_trips() {
     // Memory another cudarc user owns (as candle's tensors are), on a stream of its own.
     let gpu = Gpu::open(runtime(), 0).unwrap();
     let stream = gpu.context().new_stream().unwrap();
-    let theirs = stream.memcpy_stod(&[1.5f32, 2.5, 3.5]).unwrap();
+    let theirs = stream.clone_htod(&[1.5f32, 2.5, 3.5]).unwrap();
     let mut mine = gpu.alloc_zeros::<f32>(3).unwrap();
     mine.copy_from_device(&theirs.slice(..), &stream).unwrap();
     assert_eq!(mine.download().unwrap(), [1.5, 2.5, 3.5]);
     let mut back = stream.alloc_zeros::<f32>(3).unwrap();
     mine.copy_to_device(&mut back.slice_mut(..), &stream)
         .unwrap();
-    assert_eq!(stream.memcpy_dtov(&back).unwrap(), [1.5, 2.5, 3.5]);
+    assert_eq!(stream.clone_dtoh(&back).unwrap(), [1.5, 2.5, 3.5]);
     // A length or an element size that does not match is an error naming both, and nothing is copied.
     let short = mine
         .copy_from_device(&theirs.slice(..2), &stream)
