@@ -118,12 +118,12 @@ pub fn score(
 
 /// The layout's order without size-1 dimensions (`tp-dp-pp`).
 pub(crate) fn effective_order(layout: &ParallelLayout) -> String {
-    let sizes = super::search::token_sizes(layout.config());
+    let sizes = layout.config().token_sizes();
     layout
         .order()
         .tokens()
         .into_iter()
-        .filter(|t| sizes(*t) > 1)
+        .filter(|&t| sizes.of(t) > 1)
         .map(|t| t.name())
         .collect::<Vec<_>>()
         .join("-")

@@ -39,28 +39,14 @@ impl Ranking {
     }
 }
 
-/// The size of each token in `config`: tp counts the larger of tp and etp, dp the larger of dense and expert dp.
-pub(crate) fn token_sizes(config: &LayoutConfig) -> impl Fn(Token) -> usize + use<> {
-    let etp = config.etp.unwrap_or(config.tp);
-    let (tp, cp, ep, pp, world) = (config.tp, config.cp, config.ep, config.pp, config.world);
-    let dp = (world / (tp * pp * cp).max(1)).max(world / (etp * ep * pp).max(1));
-    move |token| match token {
-        Token::Tp => tp.max(etp),
-        Token::Cp => cp,
-        Token::Ep => ep,
-        Token::Dp => dp,
-        Token::Pp => pp,
-    }
-}
-
 /// The distinct orders to try for `config`: permutations of its size-above-1 tokens, as order strings, in
 /// lexicographic order of the permutations of `tp, cp, ep, dp, pp`. Megatron's default comes first.
 pub fn candidate_orders(config: &LayoutConfig) -> Vec<String> {
-    let size = token_sizes(config);
+    let sizes = config.token_sizes();
     let tokens: Vec<Token> = Order::DEFAULT
         .tokens()
         .into_iter()
-        .filter(|&t| size(t) > 1)
+        .filter(|&t| sizes.of(t) > 1)
         .collect();
     let n = tokens.len();
     tokens
