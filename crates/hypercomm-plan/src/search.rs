@@ -10,11 +10,16 @@
 
 use std::cmp::Ordering;
 
+use hypercomm_grid::layout::{LayoutConfig, Order, Token};
 use itertools::Itertools;
 use serde::Serialize;
 
-use crate::layout::{LayoutConfig, Order, Token};
-use crate::topology::{Cluster, Placement, Score, TopologyError, Traffic, score};
+use crate::cluster::Cluster;
+use crate::error::TopologyError;
+use crate::link::LinkClass;
+use crate::placement::Placement;
+use crate::score::{Score, effective_order, score};
+use crate::traffic::{Traffic, TrafficKind};
 
 /// Every candidate, best first.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -60,7 +65,7 @@ pub fn candidate_orders(config: &LayoutConfig) -> Vec<String> {
 ///
 /// ```
 /// use hypercomm_grid::layout::LayoutConfig;
-/// use hypercomm_grid::topology::{search, Cluster, Traffic};
+/// use hypercomm_plan::{search, Cluster, Traffic};
 ///
 /// let cluster = Cluster::from_json(r#"{"bandwidth": {"nvlink": 400, "nic": 50},
 ///     "hosts": [{"name": "a", "gpus": 4, "nics": 4, "nvlink_domain": "a"},
@@ -80,7 +85,7 @@ pub fn search(
     // The user's own order is irrelevant to the search, but the rest of the configuration must be valid.
     let base = config.clone().order(&Order::DEFAULT.to_string()).build()?;
     let placements = Placement::candidates(cluster, base.world());
-    let default_order = super::score::effective_order(&base);
+    let default_order = effective_order(&base);
     let mut candidates = Vec::new();
     for order in candidate_orders(config) {
         let layout = if order == default_order {
@@ -115,10 +120,7 @@ pub fn search(
 /// group that leaves the host because tp fills it is then not flagged (keeping dp inside would push tp out and cost
 /// more), while a tp group leaving its NVLink domain in a slower order still is.
 fn refine_flags(candidates: &mut [Score]) {
-    let summary: Vec<(
-        f64,
-        Vec<(crate::topology::TrafficKind, crate::topology::LinkClass)>,
-    )> = candidates
+    let summary: Vec<(f64, Vec<(TrafficKind, LinkClass)>)> = candidates
         .iter()
         .map(|c| {
             (

@@ -25,7 +25,8 @@ use petgraph::graph::{NodeIndex, UnGraph};
 use petgraph::unionfind::UnionFind;
 use serde::{Deserialize, Serialize};
 
-use crate::topology::{LinkClass, TopologyError};
+use crate::error::TopologyError;
+use crate::link::LinkClass;
 
 /// The JSON description of a cluster; [`Cluster::new`] checks it. Bandwidths are in GB/s (10⁹ bytes per second),
 /// one direction.
@@ -169,7 +170,7 @@ pub const DEFAULT_PCIE_GBS: f64 = 64.0;
 /// GPUs have flat indices `0..devices()`, host by host in the order the hosts are listed.
 ///
 /// ```
-/// use hypercomm_grid::topology::{Cluster, LinkClass};
+/// use hypercomm_plan::{Cluster, LinkClass};
 ///
 /// let cluster = Cluster::from_json(r#"{
 ///     "bandwidth": {"nvlink": 450, "nic": 50},
@@ -181,7 +182,7 @@ pub const DEFAULT_PCIE_GBS: f64 = 64.0;
 /// assert_eq!(cluster.devices(), 16);
 /// assert_eq!(cluster.class_between(0, 7), LinkClass::Nvlink);
 /// assert_eq!(cluster.class_between(7, 8), LinkClass::Nic);
-/// # Ok::<(), hypercomm_grid::topology::TopologyError>(())
+/// # Ok::<(), hypercomm_plan::TopologyError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct Cluster {
