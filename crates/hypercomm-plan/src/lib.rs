@@ -40,6 +40,7 @@ mod link;
 mod placement;
 mod score;
 mod search;
+mod spec;
 mod traffic;
 
 #[cfg(any(test, feature = "proptest"))]
@@ -47,14 +48,15 @@ pub mod strategies;
 #[cfg(test)]
 mod tests;
 
-pub use cluster::{
-    BandwidthSpec, Bandwidths, Cluster, ClusterSpec, DEFAULT_PCIE_GBS, DeviceRef, Host, HostSpec,
-    Link, MAX_DEVICES, Node,
-};
+pub use cluster::{Cluster, Link, Node};
 pub use error::TopologyError;
 pub use explain::{explain, number, seconds, verdict};
 pub use link::LinkClass;
 pub use placement::Placement;
 pub use score::{KindCost, Score, score};
 pub use search::{Ranking, candidate_orders, search};
+pub use spec::{
+    BandwidthSpec, Bandwidths, ClusterSpec, DEFAULT_PCIE_GBS, DeviceRef, Host, HostSpec,
+    MAX_DEVICES,
+};
 pub use traffic::{Collective, ModelShape, Traffic, TrafficKind};

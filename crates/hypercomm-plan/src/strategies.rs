@@ -12,7 +12,8 @@
 
 use proptest::prelude::*;
 
-use crate::cluster::{BandwidthSpec, Cluster, ClusterSpec, HostSpec};
+use crate::cluster::Cluster;
+use crate::spec::{BandwidthSpec, ClusterSpec, HostSpec};
 
 /// Clusters of 1 to `max_hosts` hosts (at least 1) with the same GPU count each (1, 2, 4 or 8), each host its own
 /// NVLink domain, none, or domains of two hosts (NVL-like), optionally in racks, with bandwidths strictly slower
