@@ -4,6 +4,8 @@
 //!
 //! - [`grid`]: pure topology. Grids over named dimensions, the groups of any set of dimensions, one rank's
 //!   group computed directly, and Megatron-Core compatible layouts.
+//! - [`plan`]: a layout's groups placed onto a cluster (hosts, NVLink domains, NICs, racks), what their
+//!   communication costs there, and a search for the cheapest dimension order and placement.
 //! - [`store`]: rendezvous. The key-value store every communicator bootstraps through.
 //! - [`comm`]: communicators. One `Communicator` face; the host backend runs on shared memory and TCP, and
 //!   [`comm::device`] runs collectives on GPU memory through NCCL (loaded at run time).
@@ -16,6 +18,7 @@
 
 pub use hypercomm_comm as comm;
 pub use hypercomm_grid as grid;
+pub use hypercomm_plan as plan;
 pub use hypercomm_store as store;
 pub use process_group_collection as pgc;
 

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
 use hypercomm::grid::layout::{GroupKind, LayoutConfig};
-use hypercomm::grid::topology::Cluster;
 use hypercomm::grid::{Grid, parse_dims};
 use hypercomm::pgc::{GroupOptions, ShrunkLayout};
+use hypercomm::plan::Cluster;
 use hypercomm::store::{
     ClientOptions, Key, MemoryStore, ServerOptions, Store, TcpStore, TcpStoreServer,
 };

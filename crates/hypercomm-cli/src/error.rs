@@ -44,8 +44,8 @@ impl From<hypercomm_grid::layout::LayoutError> for CliError {
     }
 }
 
-impl From<hypercomm_grid::topology::TopologyError> for CliError {
-    fn from(err: hypercomm_grid::topology::TopologyError) -> Self {
+impl From<hypercomm_plan::TopologyError> for CliError {
+    fn from(err: hypercomm_plan::TopologyError) -> Self {
         CliError::Usage(err.to_string())
     }
 }

@@ -44,9 +44,10 @@
 //!   expert grid sharing `pp` with the decoder grid).
 //! - `strategies` (cargo feature `proptest`): proptest strategies for grids and layouts, bounded by a world
 //!   size, for your own property tests.
-//! - [`topology`]: a cluster model (hosts, NVLink domains, NICs, racks as a petgraph graph), what a layout's
-//!   communication costs on it, and a search for the cheapest dimension order.
 //! - Grids serialize to and from JSON with serde; deserializing validates like [`Grid::new`].
+//!
+//! Placing a layout's groups onto a cluster (hosts, NVLink domains, NICs) and scoring or searching placements is
+//! the `hypercomm-plan` crate's job, built on this one.
 
 mod dimset;
 mod error;
@@ -54,7 +55,6 @@ mod grid;
 mod groups;
 pub mod layout;
 mod ranks;
-pub mod topology;
 mod view;
 
 #[cfg(test)]

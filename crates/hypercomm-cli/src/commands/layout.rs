@@ -5,12 +5,12 @@ use std::path::PathBuf;
 
 use hypercomm_grid::CompactMembership;
 use hypercomm_grid::layout::{GroupKind, ParallelLayout};
+use hypercomm_plan::Placement;
 use serde::Serialize;
 
 use crate::error::CliError;
 use crate::output::{JsonStream, OrderedMap, format_group_ranks, print_json, write_groups};
 use crate::render::scene::{HostRow, layout_scene};
-use hypercomm_grid::topology::Placement;
 
 /// Arguments of `hypercomm layout`.
 #[derive(clap::Args, Debug)]

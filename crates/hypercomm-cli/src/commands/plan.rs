@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use hypercomm_grid::topology::{
+use hypercomm_plan::{
     Cluster, ModelShape, Ranking, Score, Traffic, TrafficKind, explain, number, search, seconds,
     verdict,
 };

@@ -98,9 +98,32 @@ impl LayoutConfig {
     pub fn build(self) -> Result<ParallelLayout, LayoutError> {
         ParallelLayout::new(self)
     }
+
+    /// The size of each token over both grids of this configuration, unchecked: `tp` counts the larger of tp and
+    /// etp, `dp` the larger of dense and expert dp (each quotient rounded down, so a configuration that
+    /// [`build`](LayoutConfig::build) rejects still has sizes). A token of size 1 here is size 1 in both grids.
+    ///
+    /// ```
+    /// use hypercomm_grid::layout::{LayoutConfig, TokenSizes};
+    ///
+    /// // Dense dp is 64 / (tp 2 * pp 2) = 16; expert dp is 64 / (etp 1 * ep 8 * pp 2) = 4.
+    /// let sizes = LayoutConfig::new(64).tp(2).pp(2).ep(8).etp(1).token_sizes();
+    /// assert_eq!(sizes, TokenSizes { tp: 2, cp: 1, ep: 8, dp: 16, pp: 2 });
+    /// ```
+    pub fn token_sizes(&self) -> TokenSizes {
+        let etp = self.etp.unwrap_or(self.tp);
+        let (tp, cp, ep, pp, world) = (self.tp, self.cp, self.ep, self.pp, self.world);
+        TokenSizes {
+            tp: tp.max(etp),
+            cp,
+            ep,
+            dp: (world / (tp * pp * cp).max(1)).max(world / (etp * ep * pp).max(1)),
+            pp,
+        }
+    }
 }
 
-/// Sizes per [`Token`], for [`rank_generator`].
+/// Sizes per [`Token`], for [`rank_generator`] and from [`LayoutConfig::token_sizes`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenSizes {
     /// Tensor-parallel size.
@@ -116,7 +139,8 @@ pub struct TokenSizes {
 }
 
 impl TokenSizes {
-    fn of(&self, token: Token) -> usize {
+    /// The size of `token`.
+    pub fn of(&self, token: Token) -> usize {
         match token {
             Token::Tp => self.tp,
             Token::Cp => self.cp,

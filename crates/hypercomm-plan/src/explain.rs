@@ -1,13 +1,16 @@
 //! Explanations in words: one sentence per kind of traffic of a scored layout ("tp stays inside each host over
 //! NVLink at 450 GB/s"), and a line comparing the best candidate with Megatron's default.
 
-use crate::topology::{Cluster, KindCost, LinkClass, Ranking, Score};
+use crate::cluster::Cluster;
+use crate::link::LinkClass;
+use crate::score::{KindCost, Score};
+use crate::search::Ranking;
 
 /// One sentence per kind of `score`, in the order of `score.kinds`.
 ///
 /// ```
 /// use hypercomm_grid::layout::LayoutConfig;
-/// use hypercomm_grid::topology::{explain, score, Cluster, Placement, Traffic};
+/// use hypercomm_plan::{explain, score, Cluster, Placement, Traffic};
 ///
 /// let cluster = Cluster::from_json(r#"{"fabric": "InfiniBand", "bandwidth": {"nvlink": 450, "nic": 50},
 ///     "hosts": [{"name": "a", "gpus": 8, "nics": 8, "nvlink_domain": "a"},

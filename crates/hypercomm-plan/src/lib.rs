@@ -1,5 +1,7 @@
-//! Topology-aware planning: what a layout's communication costs on a given cluster, and which dimension order
-//! (and rank placement) costs least. Pure: no I/O.
+//! Topology-aware planning: placing a layout's process groups onto a cluster, what that placement's communication
+//! costs, and a search for the dimension order (and rank placement) that costs least. Built on `hypercomm-grid`,
+//! which says which ranks form which groups; this crate says which GPUs, links and NICs those groups use. Pure: no
+//! I/O.
 //!
 //! 1. Describe the cluster in JSON and check it with [`Cluster::from_json`]: hosts, GPUs, NVLink domains (which
 //!    may span hosts, as in NVL72 racks), NICs, racks and bandwidths become a petgraph graph whose edges carry a
@@ -9,9 +11,11 @@
 //! 3. [`score`] one layout, or [`search`] every order and [`Placement`] for a [`Ranking`]; [`explain`] a score in
 //!    words and state the [`verdict`] against Megatron's default order.
 //!
+//! `strategies` (cargo feature `proptest`) has a proptest strategy for clusters, for your own property tests.
+//!
 //! ```
 //! use hypercomm_grid::layout::LayoutConfig;
-//! use hypercomm_grid::topology::{search, Cluster, LinkClass, ModelShape, Traffic};
+//! use hypercomm_plan::{search, Cluster, LinkClass, ModelShape, Traffic};
 //!
 //! let hosts: Vec<String> = (0..8)
 //!     .map(|h| format!(r#"{{"name": "node{h}", "gpus": 8, "nics": 8, "nvlink_domain": "node{h}"}}"#))
@@ -36,19 +40,23 @@ mod link;
 mod placement;
 mod score;
 mod search;
+mod spec;
 mod traffic;
 
+#[cfg(any(test, feature = "proptest"))]
+pub mod strategies;
 #[cfg(test)]
 mod tests;
 
-pub use cluster::{
-    BandwidthSpec, Bandwidths, Cluster, ClusterSpec, DEFAULT_PCIE_GBS, DeviceRef, Host, HostSpec,
-    Link, MAX_DEVICES, Node,
-};
+pub use cluster::{Cluster, Link, Node};
 pub use error::TopologyError;
 pub use explain::{explain, number, seconds, verdict};
 pub use link::LinkClass;
 pub use placement::Placement;
 pub use score::{KindCost, Score, score};
 pub use search::{Ranking, candidate_orders, search};
+pub use spec::{
+    BandwidthSpec, Bandwidths, ClusterSpec, DEFAULT_PCIE_GBS, DeviceRef, Host, HostSpec,
+    MAX_DEVICES,
+};
 pub use traffic::{Collective, ModelShape, Traffic, TrafficKind};

@@ -13,10 +13,10 @@
 
 use std::fmt;
 
+use hypercomm_grid::layout::{GroupKind, ParallelLayout};
 use serde::{Deserialize, Serialize};
 
-use crate::layout::{GroupKind, ParallelLayout};
-use crate::topology::TopologyError;
+use crate::error::TopologyError;
 
 /// How a kind of parallelism moves its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -196,7 +196,7 @@ impl Traffic {
     ///
     /// ```
     /// use hypercomm_grid::layout::LayoutConfig;
-    /// use hypercomm_grid::topology::{ModelShape, Traffic};
+    /// use hypercomm_plan::{ModelShape, Traffic};
     ///
     /// let layout = LayoutConfig::new(64).tp(8).pp(2).build()?;
     /// let traffic = Traffic::from_model(&ModelShape::default(), &layout)?;
@@ -236,12 +236,12 @@ impl Traffic {
     /// optional `B`.
     ///
     /// ```
-    /// use hypercomm_grid::topology::Traffic;
+    /// use hypercomm_plan::Traffic;
     ///
     /// let traffic = Traffic::default().with_overrides("tp=4e9, pp=250MB")?;
     /// assert_eq!((traffic.tp, traffic.pp, traffic.dp), (4e9, 250e6, 0.0));
     /// assert!(Traffic::default().with_overrides("xp=1").is_err());
-    /// # Ok::<(), hypercomm_grid::topology::TopologyError>(())
+    /// # Ok::<(), hypercomm_plan::TopologyError>(())
     /// ```
     pub fn with_overrides(mut self, text: &str) -> Result<Traffic, TopologyError> {
         let bad = |why: String| TopologyError::BadTraffic {
@@ -349,7 +349,7 @@ impl ModelShape {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::LayoutConfig;
+    use hypercomm_grid::layout::LayoutConfig;
 
     #[test]
     fn factors_follow_the_ring_formulas() {

@@ -10,11 +10,16 @@
 
 use std::cmp::Ordering;
 
+use hypercomm_grid::layout::{LayoutConfig, Order, Token};
 use itertools::Itertools;
 use serde::Serialize;
 
-use crate::layout::{LayoutConfig, Order, Token};
-use crate::topology::{Cluster, Placement, Score, TopologyError, Traffic, score};
+use crate::cluster::Cluster;
+use crate::error::TopologyError;
+use crate::link::LinkClass;
+use crate::placement::Placement;
+use crate::score::{Score, effective_order, score};
+use crate::traffic::{Traffic, TrafficKind};
 
 /// Every candidate, best first.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -39,28 +44,14 @@ impl Ranking {
     }
 }
 
-/// The size of each token in `config`: tp counts the larger of tp and etp, dp the larger of dense and expert dp.
-pub(crate) fn token_sizes(config: &LayoutConfig) -> impl Fn(Token) -> usize + use<> {
-    let etp = config.etp.unwrap_or(config.tp);
-    let (tp, cp, ep, pp, world) = (config.tp, config.cp, config.ep, config.pp, config.world);
-    let dp = (world / (tp * pp * cp).max(1)).max(world / (etp * ep * pp).max(1));
-    move |token| match token {
-        Token::Tp => tp.max(etp),
-        Token::Cp => cp,
-        Token::Ep => ep,
-        Token::Dp => dp,
-        Token::Pp => pp,
-    }
-}
-
 /// The distinct orders to try for `config`: permutations of its size-above-1 tokens, as order strings, in
 /// lexicographic order of the permutations of `tp, cp, ep, dp, pp`. Megatron's default comes first.
 pub fn candidate_orders(config: &LayoutConfig) -> Vec<String> {
-    let size = token_sizes(config);
+    let sizes = config.token_sizes();
     let tokens: Vec<Token> = Order::DEFAULT
         .tokens()
         .into_iter()
-        .filter(|&t| size(t) > 1)
+        .filter(|&t| sizes.of(t) > 1)
         .collect();
     let n = tokens.len();
     tokens
@@ -74,7 +65,7 @@ pub fn candidate_orders(config: &LayoutConfig) -> Vec<String> {
 ///
 /// ```
 /// use hypercomm_grid::layout::LayoutConfig;
-/// use hypercomm_grid::topology::{search, Cluster, Traffic};
+/// use hypercomm_plan::{search, Cluster, Traffic};
 ///
 /// let cluster = Cluster::from_json(r#"{"bandwidth": {"nvlink": 400, "nic": 50},
 ///     "hosts": [{"name": "a", "gpus": 4, "nics": 4, "nvlink_domain": "a"},
@@ -94,7 +85,7 @@ pub fn search(
     // The user's own order is irrelevant to the search, but the rest of the configuration must be valid.
     let base = config.clone().order(&Order::DEFAULT.to_string()).build()?;
     let placements = Placement::candidates(cluster, base.world());
-    let default_order = super::score::effective_order(&base);
+    let default_order = effective_order(&base);
     let mut candidates = Vec::new();
     for order in candidate_orders(config) {
         let layout = if order == default_order {
@@ -129,10 +120,7 @@ pub fn search(
 /// group that leaves the host because tp fills it is then not flagged (keeping dp inside would push tp out and cost
 /// more), while a tp group leaving its NVLink domain in a slower order still is.
 fn refine_flags(candidates: &mut [Score]) {
-    let summary: Vec<(
-        f64,
-        Vec<(crate::topology::TrafficKind, crate::topology::LinkClass)>,
-    )> = candidates
+    let summary: Vec<(f64, Vec<(TrafficKind, LinkClass)>)> = candidates
         .iter()
         .map(|c| {
             (

@@ -1,6 +1,6 @@
 //! [`TopologyError`]: why a cluster description is invalid, or why a layout cannot be placed or scored on it.
 
-use crate::layout::LayoutError;
+use hypercomm_grid::layout::LayoutError;
 
 /// Why a cluster could not be built, or a layout could not be placed or scored on it. Each variant names the bad
 /// entry and the rule it broke.
@@ -28,7 +28,7 @@ pub enum TopologyError {
         /// serde_json's message, with line and column.
         why: String,
     },
-    /// More GPUs in all than [`MAX_DEVICES`](crate::topology::MAX_DEVICES).
+    /// More GPUs in all than [`MAX_DEVICES`](crate::MAX_DEVICES).
     #[error("host {host:?} takes the cluster past {max} GPUs")]
     TooManyGpus {
         /// The host at which the count passes the limit.

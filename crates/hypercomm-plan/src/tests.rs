@@ -1,15 +1,15 @@
 //! Topology tests: the cluster model's checks and classes, golden rankings on the shipped example clusters, and
 //! properties of the search on random clusters and layouts.
 
+use hypercomm_grid::layout::{LayoutConfig, Order};
 use proptest::prelude::*;
 
-use crate::layout::{LayoutConfig, Order};
 use crate::strategies::arb_cluster;
-use crate::topology::*;
+use crate::*;
 
-const HGX: &str = include_str!("../../../../examples/clusters/hgx-h100-8x8-infiniband.json");
-const NVL72: &str = include_str!("../../../../examples/clusters/gb200-nvl72.json");
-const NVL72_X2: &str = include_str!("../../../../examples/clusters/gb200-nvl72-x2.json");
+const HGX: &str = include_str!("../../../examples/clusters/hgx-h100-8x8-infiniband.json");
+const NVL72: &str = include_str!("../../../examples/clusters/gb200-nvl72.json");
+const NVL72_X2: &str = include_str!("../../../examples/clusters/gb200-nvl72-x2.json");
 
 fn cluster(json: &str) -> Cluster {
     Cluster::from_json(json).unwrap()

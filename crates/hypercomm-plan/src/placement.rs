@@ -11,7 +11,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::topology::{Cluster, TopologyError};
+use crate::cluster::Cluster;
+use crate::error::TopologyError;
 
 /// How ranks map to GPUs; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -54,14 +55,14 @@ impl Placement {
     /// The flat GPU index of each local rank `0..world`.
     ///
     /// ```
-    /// use hypercomm_grid::topology::{Cluster, Placement};
+    /// use hypercomm_plan::{Cluster, Placement};
     ///
     /// let cluster = Cluster::from_json(r#"{"bandwidth": {"nic": 50},
     ///     "hosts": [{"name": "a", "gpus": 2}, {"name": "b", "gpus": 2}]}"#)?;
     /// assert_eq!(Placement::Launcher.devices(&cluster, 4)?, [0, 1, 2, 3]);
     /// assert_eq!(Placement::RoundRobin.devices(&cluster, 4)?, [0, 2, 1, 3]);
     /// assert!(Placement::Launcher.devices(&cluster, 5).is_err());
-    /// # Ok::<(), hypercomm_grid::topology::TopologyError>(())
+    /// # Ok::<(), hypercomm_plan::TopologyError>(())
     /// ```
     pub fn devices(self, cluster: &Cluster, world: usize) -> Result<Vec<usize>, TopologyError> {
         let too_small = |what: String, available| TopologyError::TooSmall {

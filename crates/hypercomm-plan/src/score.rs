@@ -15,10 +15,14 @@
 //! What is not: rail-optimised fabrics, in-network reduction (SHARP), NVLink contention between kinds, latency,
 //! hierarchical (two-level) collective algorithms, and traffic of different kinds overlapping.
 
+use hypercomm_grid::layout::ParallelLayout;
 use serde::Serialize;
 
-use crate::layout::ParallelLayout;
-use crate::topology::{Cluster, LinkClass, Placement, TopologyError, Traffic, TrafficKind};
+use crate::cluster::Cluster;
+use crate::error::TopologyError;
+use crate::link::LinkClass;
+use crate::placement::Placement;
+use crate::traffic::{Traffic, TrafficKind};
 
 /// The cost of one kind of traffic in one layout.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -46,7 +50,7 @@ pub struct KindCost {
     /// The fastest class a group of this size could stay within on this cluster.
     pub achievable: LinkClass,
     /// Whether the kind crosses a slower boundary than necessary. From [`score`]: `worst` is slower than
-    /// `achievable`. In a [`search`](crate::topology::search) ranking, additionally some candidate at least as fast
+    /// `achievable`. In a [`search`](crate::search) ranking, additionally some candidate at least as fast
     /// overall keeps this kind in a faster class.
     pub flagged: bool,
 }
@@ -68,7 +72,7 @@ pub struct Score {
 ///
 /// ```
 /// use hypercomm_grid::layout::LayoutConfig;
-/// use hypercomm_grid::topology::{score, Cluster, LinkClass, Placement, Traffic, TrafficKind};
+/// use hypercomm_plan::{score, Cluster, LinkClass, Placement, Traffic, TrafficKind};
 ///
 /// let cluster = Cluster::from_json(r#"{"bandwidth": {"nvlink": 400, "nic": 50},
 ///     "hosts": [{"name": "a", "gpus": 4, "nics": 4, "nvlink_domain": "a"},
@@ -118,12 +122,12 @@ pub fn score(
 
 /// The layout's order without size-1 dimensions (`tp-dp-pp`).
 pub(crate) fn effective_order(layout: &ParallelLayout) -> String {
-    let sizes = super::search::token_sizes(layout.config());
+    let sizes = layout.config().token_sizes();
     layout
         .order()
         .tokens()
         .into_iter()
-        .filter(|t| sizes(*t) > 1)
+        .filter(|&t| sizes.of(t) > 1)
         .map(|t| t.name())
         .collect::<Vec<_>>()
         .join("-")
