@@ -5,6 +5,8 @@
 //! - [`grid`]: pure topology. Grids over named dimensions, the groups of any set of dimensions, one rank's
 //!   group computed directly, and Megatron-Core compatible layouts.
 //! - [`store`]: rendezvous. The key-value store every communicator bootstraps through.
+//! - [`launch`]: starting a job's local ranks with the rendezvous variables set, and supervising them (the
+//!   library behind `hypercomm launch`).
 //! - [`comm`]: communicators. One `Communicator` face; the host backend runs on shared memory and TCP, and
 //!   [`comm::device`] runs collectives on GPU memory through NCCL (loaded at run time).
 //! - [`pgc`]: per rank, the communicators of every group it belongs to (Megatron's `ProcessGroupCollection`).
@@ -16,6 +18,7 @@
 
 pub use hypercomm_comm as comm;
 pub use hypercomm_grid as grid;
+pub use hypercomm_launch as launch;
 pub use hypercomm_store as store;
 pub use process_group_collection as pgc;
 

@@ -1,4 +1,9 @@
-//! Starting the local ranks of a job: the library behind `hypercomm launch`.
+//! Starting the local ranks of a job and supervising them: the library behind `hypercomm launch`.
+//!
+//! This crate is the process side of rendezvous. [`hypercomm_store`] is where ranks meet (keys, stores, the TCP
+//! server and relay, and [`Rendezvous::from_env`], which a rank uses to find out where it sits); this crate starts
+//! the processes that meet there, and is only needed by whatever starts a job: the `hypercomm` tool, examples that
+//! launch themselves, and multi-process tests. A rank started by torchrun, SLURM or MPI does not need it.
 //!
 //! [`Launcher`] starts N copies of a program with the `HYPERCOMM_*` variables that [`Rendezvous::from_env`]
 //! reads, hosts the job's [`TcpStoreServer`] when it runs on node 0, prefixes every output line with
@@ -14,11 +19,11 @@
 //! Ranks are also set to receive SIGKILL if the launcher dies, so a killed launcher leaves no orphans.
 //!
 //! Multi-process tests use the same code: launch the test binary itself, running one `#[ignore]`d test as the
-//! rank program.
+//! rank program ([`Launcher::current_test`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use hypercomm_store::launch::Launcher;
+//! use hypercomm_launch::Launcher;
 //!
 //! let report = Launcher::new("/bin/sh")
 //!     .args(["-c", "echo hello from $HYPERCOMM_RANK of $HYPERCOMM_WORLD_SIZE"])
@@ -26,10 +31,12 @@
 //!     .timeout(Duration::from_secs(60))
 //!     .run()?;
 //! assert!(report.success(), "{}", report.summary());
-//! # Ok::<(), hypercomm_store::launch::LaunchError>(())
+//! # Ok::<(), hypercomm_launch::LaunchError>(())
 //! ```
 //!
-//! [`Rendezvous::from_env`]: crate::Rendezvous::from_env
+//! [`Rendezvous::from_env`]: hypercomm_store::Rendezvous::from_env
+//! [`TcpStoreServer`]: hypercomm_store::TcpStoreServer
+//! [`StoreRelay`]: hypercomm_store::StoreRelay
 
 mod output;
 mod report;
@@ -50,11 +57,9 @@ use rustix::process::{Pid, Signal};
 pub use output::MAX_CAPTURED_LINES;
 pub use report::{Exit, LaunchReport, RankOutcome, signal_name};
 
-use crate::StoreAddr;
-use crate::secret::{SECRET_ENV, Secret, SecretError};
-use crate::tcp::{
-    ClientOptions, RELAY_ADDR_ENV, RelayError, ServerError, ServerOptions, StoreRelay,
-    TcpStoreServer,
+use hypercomm_store::{
+    ClientOptions, RELAY_ADDR_ENV, RelayError, SECRET_ENV, STORE_ADDR_ENV, Secret, SecretError,
+    ServerError, ServerOptions, StoreAddr, StoreRelay, TcpStoreServer,
 };
 use output::{Sink, Stream, pump};
 
@@ -506,7 +511,7 @@ impl Job {
                 .env("HYPERCOMM_LOCAL_WORLD_SIZE", launcher.nproc.to_string())
                 .env("HYPERCOMM_NODE_RANK", launcher.node_rank.to_string())
                 .env("HYPERCOMM_NNODES", launcher.nnodes.to_string())
-                .env(crate::STORE_ADDR_ENV, store_addr.to_string())
+                .env(STORE_ADDR_ENV, store_addr.to_string())
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
