@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hypercomm::grid::layout::LayoutConfig;
+use hypercomm::launch::Launcher;
 use hypercomm::pgc::bench::{Strategy, full_layout_8, median, time_builds, time_builds_as_rank};
 use hypercomm::pgc::cost::{simulate_relay_cost, simulate_store_cost};
-use hypercomm::store::launch::Launcher;
 use hypercomm::store::{Rendezvous, Store};
 use support::{human, smoke_run};
 

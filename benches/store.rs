@@ -23,7 +23,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hypercomm::store::launch::Launcher;
+use hypercomm::launch::Launcher;
 use hypercomm::store::{
     ClientOptions, Key, Rendezvous, SECRET_ENV, Secret, ServerOptions, Store, StoreRelay, TcpStore,
 };

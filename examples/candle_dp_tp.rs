@@ -20,7 +20,7 @@
 //!   `NCCL_MULTI_RANK_GPU_ENABLE=1`. The numbers match the CPU run's to about 1e-5 relative.
 //!
 //! Run with `cargo run --features candle --example candle_dp_tp -- --tp 2 --dp 2`. Started without rank variables
-//! it launches its ranks itself (through `hypercomm_store::launch::Launcher`); under `hypercomm launch -n 4` or
+//! it launches its ranks itself (through `hypercomm::launch::Launcher`); under `hypercomm launch -n 4` or
 //! torchrun it runs as one rank of the job.
 
 use std::error::Error;
@@ -34,8 +34,8 @@ use hypercomm::candle::tp::{MlpWeights, ParallelMlp};
 use hypercomm::candle::{GradSync, ReduceOp, TensorGroup};
 use hypercomm::comm::device::{DeviceRuntime, Gpu};
 use hypercomm::grid::layout::LayoutConfig;
+use hypercomm::launch::Launcher;
 use hypercomm::pgc::ProcessGroupCollection;
-use hypercomm::store::launch::Launcher;
 use hypercomm::store::{Rendezvous, Store};
 
 const SEED: u64 = 0x5eed_2026;

@@ -8,7 +8,7 @@
 //! store. The program checks every collective's result.
 //!
 //! Run with `cargo run --example rl_pipeline`. Started without rank variables it launches itself as 8 ranks
-//! (through `hypercomm_store::launch::Launcher`); under `hypercomm launch -n 8` or torchrun it runs as one rank.
+//! (through `hypercomm::launch::Launcher`); under `hypercomm launch -n 8` or torchrun it runs as one rank.
 
 use std::error::Error;
 use std::sync::Arc;
@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use hypercomm::comm::ReduceOp;
 use hypercomm::grid::layout::LayoutConfig;
+use hypercomm::launch::Launcher;
 use hypercomm::pgc::{GroupId, ProcessGroupCollection};
-use hypercomm::store::launch::Launcher;
 use hypercomm::store::{Rendezvous, Store};
 
 const WORLD: usize = 8;

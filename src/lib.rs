@@ -7,6 +7,8 @@
 //! - [`plan`]: a layout's groups placed onto a cluster (hosts, NVLink domains, NICs, racks), what their
 //!   communication costs there, and a search for the cheapest dimension order and placement.
 //! - [`store`]: rendezvous. The key-value store every communicator bootstraps through.
+//! - [`launch`]: starting a job's local ranks with the rendezvous variables set, and supervising them (the
+//!   library behind `hypercomm launch`).
 //! - [`comm`]: communicators. One `Communicator` face; the host backend runs on shared memory and TCP, and
 //!   [`comm::device`] runs collectives on GPU memory through NCCL (loaded at run time).
 //! - [`pgc`]: per rank, the communicators of every group it belongs to (Megatron's `ProcessGroupCollection`).
@@ -18,6 +20,7 @@
 
 pub use hypercomm_comm as comm;
 pub use hypercomm_grid as grid;
+pub use hypercomm_launch as launch;
 pub use hypercomm_plan as plan;
 pub use hypercomm_store as store;
 pub use process_group_collection as pgc;

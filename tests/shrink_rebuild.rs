@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use hypercomm::comm::{BackendKind, CommOptions, Communicator, ReduceOp};
 use hypercomm::grid::layout::{LayoutConfig, ParallelLayout};
+use hypercomm::launch::{Exit, Launcher};
 use hypercomm::pgc::{ProcessGroupCollection, ShrunkLayout};
-use hypercomm::store::launch::{Exit, Launcher};
 use hypercomm::store::{Rendezvous, Store};
 
 const WORLD: usize = 8;

@@ -6,7 +6,7 @@ use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use hypercomm::store::launch::Launcher;
+use hypercomm::launch::Launcher;
 use hypercomm::store::{
     ClientOptions, Key, Rendezvous, Secret, ServerOptions, Store, StoreError, TcpStore,
 };

@@ -15,7 +15,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use hypercomm::store::launch::{Exit, LaunchReport, Launcher};
+use hypercomm::launch::{Exit, LaunchReport, Launcher};
 
 /// Each communicator's timeout in the suite: short, so the whole suite runs in about a minute.
 const TIMEOUT: Duration = Duration::from_secs(2);

@@ -12,7 +12,7 @@
 //!    threads of one process (tests, simulations), and [`PrefixStore`] to give independent users of one store
 //!    their own key space, and [`CountingStore`] to count what one client costs the store.
 //! 4. Find out where this process sits in the job with [`Rendezvous::from_env`] (torchrun, SLURM, Open MPI, MPICH
-//!    and `hypercomm launch` are understood), or start a local job with [`launch::Launcher`].
+//!    and `hypercomm launch` are understood). Starting the ranks of a job is the `hypercomm-launch` crate's.
 //!
 //! ```
 //! use std::time::Duration;
@@ -30,7 +30,6 @@ mod counting;
 mod error;
 pub mod frame;
 mod key;
-pub mod launch;
 mod mac;
 mod memory;
 mod prefix;

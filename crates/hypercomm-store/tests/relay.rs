@@ -1,12 +1,12 @@
 //! The per-node relay: ranks of a node reach the central store through it, identical waits of many ranks become
 //! one upstream wait, a dead relay fails only its node's ranks (naming the node), and a dead central store is
-//! reported through every relay. The last test runs ranks under the launcher with its relay on.
+//! reported through every relay. Ranks started by the launcher with its relay on: `hypercomm-launch`'s
+//! `tests/relay.rs`.
 
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hypercomm_store::launch::Launcher;
 use hypercomm_store::{
     ClientOptions, Key, Rendezvous, Secret, ServerOptions, Store, StoreError, StoreRelay, TcpStore,
     TcpStoreServer,
@@ -229,42 +229,4 @@ fn a_relay_started_before_the_central_store_waits_for_it() {
     setter.join().unwrap().unwrap();
     let direct = TcpStore::connect(central.local_addr(), ClientOptions::default()).unwrap();
     assert_eq!(direct.try_get(&Key::new("early")).unwrap().unwrap(), b"1");
-}
-
-/// Rank program for `launched_ranks_rendezvous_through_the_relay`.
-#[test]
-#[ignore = "rank program for launched_ranks_rendezvous_through_the_relay"]
-fn rank_through_relay() {
-    let Ok(rdv) = Rendezvous::from_env() else {
-        return;
-    };
-    let store = rdv.join(rdv.client_options()).unwrap().store;
-    store.set(&Key::new("arrived").push(rdv.rank), b"").unwrap();
-    let all: Vec<Key> = (0..rdv.world_size)
-        .map(|r| Key::new("arrived").push(r))
-        .collect();
-    store.wait(&all, LONG).unwrap();
-    println!("joined through {}", store.addr());
-}
-
-#[test]
-fn launched_ranks_rendezvous_through_the_relay() {
-    let report = Launcher::current_test("rank_through_relay")
-        .unwrap()
-        .nproc(4)
-        .relay(true)
-        .timeout(LONG)
-        .run()
-        .unwrap();
-    assert!(report.success(), "{}", report.summary());
-    for rank in &report.ranks {
-        assert!(
-            rank.stdout
-                .iter()
-                .any(|l| l.contains("joined through the relay of node 0")),
-            "rank {}: {:?}",
-            rank.rank,
-            rank.stdout
-        );
-    }
 }

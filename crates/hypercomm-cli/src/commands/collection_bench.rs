@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypercomm_store::launch::Launcher;
+use hypercomm_launch::Launcher;
 use hypercomm_store::{Rendezvous, Store};
 use process_group_collection::bench::{
     Strategy, full_layout_8, median, time_builds, time_builds_as_rank,

@@ -3,8 +3,8 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
+use hypercomm_launch::{LaunchError, Launcher};
 use hypercomm_store::Secret;
-use hypercomm_store::launch::{LaunchError, Launcher};
 
 use crate::error::CliError;
 

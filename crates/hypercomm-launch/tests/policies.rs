@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use hypercomm::store::launch::{Exit, LaunchError, Launcher};
+use hypercomm_launch::{Exit, LaunchError, Launcher};
 
 const JOB_LIMIT: Duration = Duration::from_secs(120);
 

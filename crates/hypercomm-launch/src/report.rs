@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::StoreAddr;
+use hypercomm_store::StoreAddr;
 
 /// How a rank's process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use hypercomm::store::launch::Launcher;
+use hypercomm_launch::Launcher;
 
 /// Launcher program: two ranks that report SIGTERM and exit 5; prints the summary and exits with the job's status.
 #[test]

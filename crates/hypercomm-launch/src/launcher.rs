@@ -1,0 +1,347 @@
+//! [`Launcher`]: what to run and how (the builder), and [`Launcher::run`], which sets up what the ranks meet
+//! through (the store server on node 0, the node's relay, the secret, signal forwarding) and hands the ranks to
+//! the job (`crate::job`) that starts and supervises them.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+use hypercomm_store::{
+    ClientOptions, SECRET_ENV, Secret, ServerOptions, StoreAddr, StoreRelay, TcpStoreServer,
+};
+
+use crate::job::Job;
+use crate::{LaunchError, LaunchReport};
+
+/// What to run and how. Build with [`Launcher::new`] and the setters, then [`Launcher::run`].
+///
+/// The job (`crate::job`) reads the fields while it starts and supervises the ranks.
+#[derive(Debug, Clone)]
+pub struct Launcher {
+    pub(crate) program: OsString,
+    pub(crate) args: Vec<OsString>,
+    pub(crate) nproc: usize,
+    pub(crate) nnodes: usize,
+    pub(crate) node_rank: usize,
+    pub(crate) master_addr: String,
+    pub(crate) master_port: u16,
+    pub(crate) grace: Duration,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) forward_signals: bool,
+    pub(crate) echo: bool,
+    pub(crate) capture: bool,
+    pub(crate) secret: Option<Secret>,
+    pub(crate) relay: Option<bool>,
+    pub(crate) torchrun_env: bool,
+    pub(crate) env: Vec<(OsString, OsString)>,
+}
+
+impl Launcher {
+    /// A launcher for `program` with one rank on one node, store on `127.0.0.1` at a free port, a 5 s grace
+    /// period, no timeout, output echoed and not captured, no signal forwarding, and a fresh random secret.
+    pub fn new(program: impl AsRef<OsStr>) -> Self {
+        Launcher {
+            program: program.as_ref().to_owned(),
+            args: Vec::new(),
+            nproc: 1,
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: 0,
+            grace: Duration::from_secs(5),
+            timeout: None,
+            forward_signals: false,
+            echo: true,
+            capture: false,
+            secret: None,
+            relay: None,
+            torchrun_env: false,
+            env: Vec::new(),
+        }
+    }
+
+    /// A launcher that runs the `#[ignore]`d test `test_name` of the current test binary as each rank.
+    ///
+    /// Output is captured rather than echoed, so it lands in the report instead of the test log.
+    pub fn current_test(test_name: &str) -> io::Result<Self> {
+        let exe = std::env::current_exe()?;
+        Ok(Launcher::new(exe)
+            .args([
+                test_name,
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+                "--quiet",
+            ])
+            .echo(false)
+            .capture(true))
+    }
+
+    /// Appends arguments for the program.
+    #[must_use]
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    /// Ranks to start on this node.
+    #[must_use]
+    pub fn nproc(mut self, n: usize) -> Self {
+        self.nproc = n;
+        self
+    }
+
+    /// Number of nodes in the job and this node's index; every node starts the same number of ranks.
+    #[must_use]
+    pub fn nodes(mut self, nnodes: usize, node_rank: usize) -> Self {
+        self.nnodes = nnodes;
+        self.node_rank = node_rank;
+        self
+    }
+
+    /// Where the store listens (node 0 binds it; the ranks connect to it). Port 0 picks a free port, which only
+    /// works on one node.
+    #[must_use]
+    pub fn master(mut self, addr: impl Into<String>, port: u16) -> Self {
+        self.master_addr = addr.into();
+        self.master_port = port;
+        self
+    }
+
+    /// How long the other ranks may keep running after one fails, and again between SIGTERM and SIGKILL.
+    #[must_use]
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Stop the whole job (SIGTERM, then SIGKILL after the grace period) once it has run this long.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Catch SIGINT and SIGTERM while the job runs and forward them to every rank; a second one sends SIGKILL.
+    /// Meant for the `hypercomm launch` process; note that the catching handler stays installed afterwards.
+    #[must_use]
+    pub fn forward_signals(mut self, on: bool) -> Self {
+        self.forward_signals = on;
+        self
+    }
+
+    /// Echo every rank's output, prefixed `[rank K] `, to this process's stdout and stderr.
+    #[must_use]
+    pub fn echo(mut self, on: bool) -> Self {
+        self.echo = on;
+        self
+    }
+
+    /// Keep every rank's output lines in the report (up to [`MAX_CAPTURED_LINES`] per stream).
+    ///
+    /// [`MAX_CAPTURED_LINES`]: crate::MAX_CAPTURED_LINES
+    #[must_use]
+    pub fn capture(mut self, on: bool) -> Self {
+        self.capture = on;
+        self
+    }
+
+    /// The store's shared secret. Without one, a single-node job gets a fresh random secret; a multi-node job
+    /// runs unauthenticated (every node would need the same secret: pass it, e.g. from [`Secret::from_env`]).
+    #[must_use]
+    pub fn secret(mut self, secret: Option<Secret>) -> Self {
+        self.secret = secret;
+        self
+    }
+
+    /// Whether this node's ranks reach the store through a relay run by the launcher ([`StoreRelay`]). By default
+    /// a job of several nodes uses one and a single node does not (its ranks are as close to the store as the
+    /// relay would be).
+    #[must_use]
+    pub fn relay(mut self, on: bool) -> Self {
+        self.relay = Some(on);
+        self
+    }
+
+    /// Also give every rank torchrun's environment, so a program written for `torchrun` (PyTorch's
+    /// `init_process_group("env://")`, Megatron) runs unchanged: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+    /// `LOCAL_WORLD_SIZE`, `GROUP_RANK` (the node), `MASTER_ADDR` and `MASTER_PORT`. `MASTER_PORT` is for PyTorch's
+    /// own TCPStore, which its rank 0 hosts (it does not speak hypercomm's protocol): on one node a free port, on
+    /// several nodes the store's port + 1, which every node's launcher computes alike.
+    #[must_use]
+    pub fn torchrun_env(mut self, on: bool) -> Self {
+        self.torchrun_env = on;
+        self
+    }
+
+    /// Sets an extra environment variable for every rank.
+    #[must_use]
+    pub fn env(mut self, name: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.env
+            .push((name.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    fn validate(&self) -> Result<(), LaunchError> {
+        let invalid = |msg: String| Err(LaunchError::Invalid(msg));
+        if self.nproc == 0 {
+            return invalid("nproc=0: start at least one rank per node".into());
+        }
+        if self.nnodes == 0 {
+            return invalid("nnodes=0: a job has at least one node".into());
+        }
+        if self.node_rank >= self.nnodes {
+            return invalid(format!(
+                "node rank {} is not below nnodes={}",
+                self.node_rank, self.nnodes
+            ));
+        }
+        if self.nnodes > 1 && self.master_port == 0 {
+            return invalid(format!(
+                "nnodes={} needs an explicit master port: the other nodes cannot learn a port picked at random",
+                self.nnodes
+            ));
+        }
+        if self.nproc.checked_mul(self.nnodes).is_none() {
+            return invalid(format!(
+                "{} ranks on each of {} nodes overflows",
+                self.nproc, self.nnodes
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs the job to the end and reports how every rank ended.
+    ///
+    /// Returns `Err` only when the job could not start; a rank failing, the timeout running out or a forwarded
+    /// signal are all reported in the [`LaunchReport`]. Without [`Launcher::timeout`] this waits as long as the
+    /// ranks run.
+    pub fn run(&self) -> Result<LaunchReport, LaunchError> {
+        self.validate()?;
+        let secret = match (&self.secret, self.nnodes) {
+            (Some(secret), _) => Some(secret.clone()),
+            (None, 1) => Some(Secret::random()?),
+            (None, _) => {
+                tracing::warn!(
+                    "multi-node launch without {SECRET_ENV}: the store accepts any client"
+                );
+                None
+            }
+        };
+        let server = if self.node_rank == 0 {
+            let options = ServerOptions {
+                secret: secret.clone(),
+                ..ServerOptions::default()
+            };
+            let bind = StoreAddr {
+                host: self.master_addr.clone(),
+                port: self.master_port,
+            };
+            Some(TcpStoreServer::bind(bind.to_string(), options)?)
+        } else {
+            None
+        };
+        let store_addr = StoreAddr {
+            host: connect_host(&self.master_addr),
+            port: server
+                .as_ref()
+                .map_or(self.master_port, |s| s.local_addr().port()),
+        };
+        let relay = if self.relay.unwrap_or(self.nnodes > 1) {
+            let options = ServerOptions {
+                secret: secret.clone(),
+                ..ServerOptions::default()
+            };
+            let upstream = ClientOptions::default().with_secret(secret.clone());
+            let relay = StoreRelay::start(
+                "127.0.0.1:0",
+                store_addr.to_string(),
+                self.node_rank,
+                options,
+                upstream,
+            )?;
+            Some(relay)
+        } else {
+            None
+        };
+        let relay_addr = relay.as_ref().map(|r| StoreAddr {
+            host: r.local_addr().ip().to_string(),
+            port: r.local_addr().port(),
+        });
+        let signals = if self.forward_signals {
+            Some(
+                signal_hook::iterator::Signals::new([
+                    signal_hook::consts::SIGINT,
+                    signal_hook::consts::SIGTERM,
+                ])
+                .map_err(LaunchError::Signals)?,
+            )
+        } else {
+            None
+        };
+        let torch_master = if self.torchrun_env {
+            Some(StoreAddr {
+                host: connect_host(&self.master_addr),
+                port: torch_master_port(self.nnodes, store_addr.port)?,
+            })
+        } else {
+            None
+        };
+        let mut job = Job::start(
+            self,
+            &store_addr,
+            relay_addr.as_ref(),
+            secret.as_ref(),
+            torch_master.as_ref(),
+        )?;
+        let result = job.watch(self, signals);
+        if let Some(signals) = &result.signals {
+            signals.handle().close();
+        }
+        let ranks = job.finish();
+        drop(relay);
+        drop(server);
+        Ok(LaunchReport {
+            ranks,
+            first_failure: result.first_failure,
+            timed_out: result.timed_out,
+            interrupted_by: result.interrupted_by,
+            store_addr,
+            elapsed: result.elapsed,
+        })
+    }
+}
+
+/// The host ranks connect to: the bind host, or loopback when the store binds every interface.
+fn connect_host(bind: &str) -> String {
+    match bind.parse::<IpAddr>() {
+        Ok(IpAddr::V4(ip)) if ip.is_unspecified() => Ipv4Addr::LOCALHOST.to_string(),
+        Ok(IpAddr::V6(ip)) if ip.is_unspecified() => Ipv6Addr::LOCALHOST.to_string(),
+        _ => bind.to_owned(),
+    }
+}
+
+/// The port of PyTorch's own store for `--torchrun-env`: a free one on one node, the hypercomm store's port + 1
+/// across nodes (every node computes the same).
+fn torch_master_port(nnodes: usize, store_port: u16) -> Result<u16, LaunchError> {
+    if nnodes > 1 {
+        return store_port.checked_add(1).ok_or_else(|| {
+            LaunchError::Invalid(format!(
+                "torchrun's MASTER_PORT is the store's port + 1, but the store's port is {store_port}"
+            ))
+        });
+    }
+    // Bound and released at once: PyTorch's rank 0 binds it again moments later.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(LaunchError::TorchPort)?;
+    Ok(listener
+        .local_addr()
+        .map_err(LaunchError::TorchPort)?
+        .port())
+}
