@@ -1,0 +1,320 @@
+//! [`Communicator`]: the one public face of every backend.
+//!
+//! A communicator is created collectively by every member rank from a store, a rank list and [`CommOptions`].
+//! Each collective checks its local arguments at once (wrong lengths, roots and peers are errors before anything
+//! is sent), then moves its buffers into a job for the communicator's progress thread, which runs jobs one at a
+//! time in issue order, and returns a [`Work`] handle that gives the buffers back.
+//!
+//! The progress thread and its job queue are in `engine`; the collectives, each a job for it, in `collectives`.
+
+mod collectives;
+mod engine;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use hypercomm_store::Store;
+
+use crate::CommError;
+use crate::backend::Backend;
+use crate::backends::host::HostBackend;
+use crate::failure;
+use crate::options::{BackendKind, CommOptions};
+use crate::work::{Work, pair};
+
+use engine::{Engine, Job, lock};
+
+/// What an out-of-place operation gives back: its `(input, output)` buffers.
+pub type InOut<T> = (Vec<T>, Vec<T>);
+
+/// A communicator over a fixed list of ranks.
+///
+/// ```
+/// use std::sync::Arc;
+/// use hypercomm_comm::{BackendKind, CommOptions, Communicator, ReduceOp};
+/// use hypercomm_store::MemoryStore;
+///
+/// // Two ranks as two threads sharing a store.
+/// let store = Arc::new(MemoryStore::new());
+/// let ranks: Vec<_> = (0..2)
+///     .map(|me| {
+///         let store = Arc::clone(&store);
+///         std::thread::spawn(move || {
+///             let comm = Communicator::new(BackendKind::Host, store, vec![0, 1], me, CommOptions::named("doc"))?;
+///             let sum = comm.all_reduce(vec![me as f32 + 1.0; 4], ReduceOp::Sum)?.wait()?;
+///             assert_eq!(sum, vec![3.0; 4]);
+///             Ok::<_, hypercomm_comm::CommError>(())
+///         })
+///     })
+///     .collect();
+/// for r in ranks {
+///     r.join().unwrap()?;
+/// }
+/// # Ok::<(), hypercomm_comm::CommError>(())
+/// ```
+pub struct Communicator {
+    name: String,
+    rank: usize,
+    ranks: Vec<usize>,
+    kind: BackendKind,
+    options: CommOptions,
+    store: Arc<dyn Store>,
+    transport: &'static str,
+    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    progress: Mutex<Option<JoinHandle<()>>>,
+    broken: Arc<Mutex<Option<String>>>,
+    splits: AtomicU64,
+    shrinks: AtomicU64,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("name", &self.name)
+            .field("rank", &self.rank)
+            .field("ranks", &self.ranks)
+            .field("backend", &self.kind)
+            .field("transport", &self.transport)
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// Joins the communicator `options.name` whose members are `ranks` (ids in any numbering the caller uses,
+    /// for example global ranks), as member `me`. Every member must call this with the same list and name; the
+    /// call returns once all have connected (or fails after `options.timeout`). This rank's rank in the
+    /// communicator is `me`'s position in `ranks`.
+    pub fn new(
+        kind: BackendKind,
+        store: Arc<dyn Store>,
+        ranks: Vec<usize>,
+        me: usize,
+        options: CommOptions,
+    ) -> Result<Communicator, CommError> {
+        options.validate_for(kind)?;
+        let rank = crate::checks::member_position(&options.name, &ranks, me)?;
+        let backend: Box<dyn Backend> = match kind {
+            BackendKind::Host => Box::new(HostBackend::connect(
+                store.as_ref(),
+                ranks.len(),
+                rank,
+                &options,
+            )?),
+        };
+        let transport = backend.transport_name();
+        let broken = Arc::new(Mutex::new(None));
+        let mut engine = Engine {
+            backend,
+            broken: Arc::clone(&broken),
+            comm: options.name.clone(),
+            store: Arc::clone(&store),
+            rank,
+            size: ranks.len(),
+        };
+        let (tx, rx) = mpsc::channel::<Job>();
+        let progress = std::thread::Builder::new()
+            .name(format!("hypercomm-{}", options.name))
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job(&mut engine);
+                }
+            })
+            .map_err(|source| CommError::Io {
+                comm: options.name.clone(),
+                what: "starting the progress thread".into(),
+                source,
+            })?;
+        Ok(Communicator {
+            name: options.name.clone(),
+            rank,
+            ranks,
+            kind,
+            options,
+            store,
+            transport,
+            queue: Mutex::new(Some(tx)),
+            progress: Mutex::new(Some(progress)),
+            broken,
+            splits: AtomicU64::new(0),
+            shrinks: AtomicU64::new(0),
+        })
+    }
+
+    /// The communicator over ranks `0..size`, as rank `rank`.
+    pub fn world(
+        kind: BackendKind,
+        store: Arc<dyn Store>,
+        size: usize,
+        rank: usize,
+        options: CommOptions,
+    ) -> Result<Communicator, CommError> {
+        Communicator::new(kind, store, (0..size).collect(), rank, options)
+    }
+
+    /// This rank's rank within the communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The communicator's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The member list it was created with (`ranks()[rank()]` is this rank's id).
+    pub fn ranks(&self) -> &[usize] {
+        &self.ranks
+    }
+
+    /// The options it was created with.
+    pub fn options(&self) -> &CommOptions {
+        &self.options
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> BackendKind {
+        self.kind
+    }
+
+    /// The transport the backend chose (`"shm"` or `"tcp"` for the host backend).
+    pub fn transport(&self) -> &'static str {
+        self.transport
+    }
+
+    /// The store it bootstrapped through.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The number of the next shrink of this communicator (each call takes one).
+    pub(crate) fn next_shrink(&self) -> u64 {
+        self.shrinks.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The first fatal error, if the communicator is broken.
+    pub fn broken(&self) -> Option<String> {
+        lock(&self.broken).clone()
+    }
+
+    fn invalid(&self, what: String) -> CommError {
+        crate::checks::invalid(&self.name, what)
+    }
+
+    fn check_root(&self, root: usize) -> Result<(), CommError> {
+        crate::checks::root(&self.name, self.size(), root)
+    }
+
+    fn check_len(&self, what: &str, got: usize, expected: usize) -> Result<(), CommError> {
+        crate::checks::len(&self.name, what, got, expected)
+    }
+
+    fn check_multiple(&self, what: &str, len: usize) -> Result<(), CommError> {
+        if len % self.size() != 0 {
+            return Err(self.invalid(format!(
+                "{what} has {len} elements, not a multiple of {} ranks",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn submit<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn Backend) -> Result<R, CommError> + Send + 'static,
+    ) -> Result<Work<R>, CommError> {
+        if let Some(cause) = self.broken() {
+            return Err(CommError::Broken {
+                comm: self.name.clone(),
+                cause,
+            });
+        }
+        let (work, done) = pair(&self.name);
+        let job: Job = Box::new(move |engine: &mut Engine| done.complete(engine.execute(f)));
+        let queue = lock(&self.queue);
+        let sender = queue.as_ref().ok_or_else(|| CommError::Broken {
+            comm: self.name.clone(),
+            cause: "the communicator was aborted".into(),
+        })?;
+        sender.send(job).map_err(|_| CommError::Broken {
+            comm: self.name.clone(),
+            cause: "the progress thread has stopped".into(),
+        })?;
+        Ok(work)
+    }
+
+    /// Splits the communicator, with NCCL's semantics: ranks passing the same `color` form a new communicator,
+    /// ordered by `key` and then by rank here; `None` (NCCL's `NCCL_SPLIT_NOCOLOR`) joins nothing and returns
+    /// `None`. Collective: every rank must call it, in the same order relative to other splits. The child's name
+    /// is `<parent>/split<n>/color<c>`, where `n` counts this communicator's splits, so repeated splits never
+    /// collide. The child inherits the parent's options.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>, CommError> {
+        self.split_with(color, key, self.options.clone())
+    }
+
+    /// [`split`](Self::split) with other options for the child (like `ncclCommSplit`'s config argument).
+    /// `options.name` is replaced by the derived child name.
+    pub fn split_with(
+        &self,
+        color: Option<u32>,
+        key: i64,
+        options: CommOptions,
+    ) -> Result<Option<Communicator>, CommError> {
+        let id = self.splits.fetch_add(1, Ordering::Relaxed);
+        let n = self.size();
+        let mine = vec![color.map_or(u64::MAX, u64::from), key as u64];
+        let (_, all) = self.all_gather_into(mine, vec![0u64; 2 * n])?.wait()?;
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i64, usize)> = (0..n)
+            .filter(|r| all[2 * r] == u64::from(color))
+            .map(|r| (all[2 * r + 1] as i64, r))
+            .collect();
+        members.sort_unstable();
+        let ranks = members.iter().map(|&(_, r)| self.ranks[r]).collect();
+        let options = CommOptions {
+            name: format!("{}/split{id}/color{color}", self.name),
+            ..options
+        };
+        Communicator::new(
+            self.kind,
+            Arc::clone(&self.store),
+            ranks,
+            self.ranks[self.rank],
+            options,
+        )
+        .map(Some)
+    }
+
+    /// Gives up on the communicator: marks it broken, tells the peers (their pending and later operations fail
+    /// at once), lets queued operations fail fast and stops the progress thread (joined when the communicator is
+    /// dropped). Every later operation fails with [`CommError::Broken`]. Takes `&self`, as the device
+    /// communicator's does, so a communicator shared (say, by a collection) can be aborted.
+    pub fn abort(&self) {
+        let first = lock(&self.broken).is_none();
+        lock(&self.broken).get_or_insert_with(|| "aborted by this rank".to_owned());
+        if first {
+            // A deliberate abort loses no rank; saying so spares the peers the wait for a failure record.
+            failure::publish(&self.store, &self.name, self.rank, &[]);
+        }
+        if let Some(sender) = lock(&self.queue).take() {
+            let _ = sender.send(Box::new(|engine: &mut Engine| engine.backend.abort()));
+        }
+        // Drop joins the progress thread.
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Closing the queue ends the progress thread after the operations already issued.
+        drop(lock(&self.queue).take());
+        if let Some(handle) = lock(&self.progress).take() {
+            let _ = handle.join();
+        }
+    }
+}
