@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use hypercomm_comm::device::{DeviceCommunicator, Gpu, ProcessGroup};
 use hypercomm_comm::{BackendKind, CommOptions, Communicator};
+use hypercomm_grid::layout::ParallelLayout;
 use hypercomm_grid::{DimSet, Grid};
 use hypercomm_store::Store;
 
-use crate::collection::{Entry, ProcessGroupCollection};
+use crate::collection::{Entry, ProcessGroupCollection, WORLD};
 use crate::plan::{CustomGroups, Slot, Topology};
 use crate::{CollectionError, GroupOptions};
 
@@ -36,9 +37,6 @@ pub struct CollectionBuilder {
     pub(crate) gpu: Option<Arc<Gpu>>,
     pub(crate) world_group: bool,
 }
-
-/// The kind name of the group [`CollectionBuilder::with_world_group`] adds.
-pub(crate) const WORLD: &str = "world";
 
 impl CollectionBuilder {
     /// Gives every group an NCCL communicator on `gpu` as well as its host one (each group's [`ProcessGroup`]
@@ -358,5 +356,33 @@ impl CollectionBuilder {
         };
         collection.barrier_all()?;
         Ok(collection)
+    }
+}
+
+impl ProcessGroupCollection {
+    /// A builder for the groups of `layout`, namespaced by `name` (use a distinct name per model instance).
+    pub fn for_layout(name: impl Into<String>, layout: ParallelLayout) -> CollectionBuilder {
+        CollectionBuilder {
+            topology: Topology {
+                layout: Some(layout),
+                ..Topology::default()
+            },
+            ..ProcessGroupCollection::custom(name)
+        }
+    }
+
+    /// A builder without a layout: add custom kinds with [`CollectionBuilder::with_grid_groups`] and
+    /// [`CollectionBuilder::with_explicit_groups`].
+    pub fn custom(name: impl Into<String>) -> CollectionBuilder {
+        CollectionBuilder {
+            name: name.into(),
+            topology: Topology::default(),
+            options: GroupOptions::default(),
+            creation: Creation::Eager,
+            timeout: Duration::from_secs(300),
+            force_tcp: false,
+            gpu: None,
+            world_group: false,
+        }
     }
 }

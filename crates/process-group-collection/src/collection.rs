@@ -5,17 +5,15 @@
 //! communicator over the same ranks, so a collective runs where its buffer lives.
 
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use hypercomm_comm::device::{DeviceCommunicator, Gpu, ProcessGroup};
 use hypercomm_comm::{BackendKind, CommOptions, Communicator};
 use hypercomm_grid::Membership;
-use hypercomm_grid::layout::{GroupKind, ParallelLayout};
+use hypercomm_grid::layout::GroupKind;
 use hypercomm_store::{Key, PrefixStore, Store};
 
-use crate::builder::{Creation, WORLD};
 use crate::plan::Topology;
-use crate::{CollectionBuilder, CollectionError, GroupId, GroupOptions};
+use crate::{CollectionError, GroupId};
 
 pub(crate) struct Entry {
     pub(crate) id: GroupId,
@@ -76,33 +74,10 @@ macro_rules! accessors {
     )*};
 }
 
+/// The kind name of the optional whole-world group ([`CollectionBuilder::with_world_group`](crate::CollectionBuilder::with_world_group)).
+pub(crate) const WORLD: &str = "world";
+
 impl ProcessGroupCollection {
-    /// A builder for the groups of `layout`, namespaced by `name` (use a distinct name per model instance).
-    pub fn for_layout(name: impl Into<String>, layout: ParallelLayout) -> CollectionBuilder {
-        CollectionBuilder {
-            topology: Topology {
-                layout: Some(layout),
-                ..Topology::default()
-            },
-            ..ProcessGroupCollection::custom(name)
-        }
-    }
-
-    /// A builder without a layout: add custom kinds with [`CollectionBuilder::with_grid_groups`] and
-    /// [`CollectionBuilder::with_explicit_groups`].
-    pub fn custom(name: impl Into<String>) -> CollectionBuilder {
-        CollectionBuilder {
-            name: name.into(),
-            topology: Topology::default(),
-            options: GroupOptions::default(),
-            creation: Creation::Eager,
-            timeout: Duration::from_secs(300),
-            force_tcp: false,
-            gpu: None,
-            world_group: false,
-        }
-    }
-
     /// The collection's name.
     pub fn name(&self) -> &str {
         &self.name
