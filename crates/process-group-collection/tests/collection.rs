@@ -448,9 +448,20 @@ fn aborting_a_collection_fails_every_group_here_and_tells_the_peers() {
             .map_err(|e| e.to_string())?;
         let pgc = ProcessGroupCollection::for_layout("ab", layout)
             .with_timeout(TIMEOUT)
-            .build(rank, store)
+            .build(rank, Arc::clone(&store))
             .map_err(|e| e.to_string())?;
+        // Rank 0 aborts only once every rank's build has returned: an eager build ends each group with a barrier,
+        // and a rank still finishing the last one would see the abort there (seen under load). A barrier of
+        // our own would have the same race, so the ranks say so through the store.
+        let built = |r: usize| {
+            hypercomm_store::Key::new("abort-test")
+                .push("built")
+                .push(r)
+        };
+        store.set(&built(rank), b"1").map_err(|e| e.to_string())?;
         if rank == 0 {
+            let all: Vec<_> = (0..4).map(built).collect();
+            store.wait(&all, TIMEOUT).map_err(|e| e.to_string())?;
             pgc.abort();
             // Every group of this rank is broken now.
             for kind in ["tp", "dp", "mp"] {
