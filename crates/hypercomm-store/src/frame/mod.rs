@@ -165,6 +165,34 @@ pub enum Frame {
     },
 }
 
+/// A short name for a frame's type, for log and error messages.
+pub(crate) fn frame_name(frame: &Frame) -> &'static str {
+    match frame {
+        Frame::Hello { .. } => "hello",
+        Frame::Auth { .. } => "auth",
+        Frame::Welcome { .. } => "welcome",
+        Frame::Refused { .. } => "refused",
+        Frame::Set { .. } => "set",
+        Frame::TryGet { .. } => "try_get",
+        Frame::Get { .. } => "get",
+        Frame::Wait { .. } => "wait",
+        Frame::Add { .. } => "add",
+        Frame::CompareSet { .. } => "compare_set",
+        Frame::Delete { .. } => "delete",
+        Frame::NumKeys => "num_keys",
+        Frame::Done => "done",
+        Frame::Value(_) => "value",
+        Frame::Int(_) => "int",
+        Frame::Bool(_) => "bool",
+        Frame::Swapped { .. } => "swapped",
+        Frame::Count(_) => "count",
+        Frame::TimedOut { .. } => "timed_out",
+        Frame::NotACounter { .. } => "not_a_counter",
+        Frame::Overflow { .. } => "overflow",
+        Frame::Failed { .. } => "failed",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{self, Read};

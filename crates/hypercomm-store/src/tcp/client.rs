@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::server::{ServerError, ServerOptions, TcpStoreServer, frame_name};
+use crate::frame::frame_name;
 use crate::frame::{
     DEFAULT_MAX_FRAME, Frame, FrameError, NONCE_LEN, PROTOCOL_VERSION, ReadError, encode_frame,
     read_frame, write_frame,
@@ -61,7 +61,7 @@ impl ClientOptions {
     }
 }
 
-/// A client of a [`TcpStoreServer`]. `Send + Sync`: share one per process (behind an `Arc`) among threads.
+/// A client of a [`TcpStoreServer`](super::TcpStoreServer). `Send + Sync`: share one per process (behind an `Arc`) among threads.
 pub struct TcpStore {
     addr: String,
     resolved: Vec<SocketAddr>,
@@ -85,14 +85,6 @@ enum Attempt {
 }
 
 impl TcpStore {
-    /// Starts a server in this process; shorthand for [`TcpStoreServer::bind`].
-    pub fn server(
-        bind: impl ToSocketAddrs + fmt::Display,
-        options: ServerOptions,
-    ) -> Result<TcpStoreServer, ServerError> {
-        TcpStoreServer::bind(bind, options)
-    }
-
     /// Connects to the server at `addr`, retrying with backoff until `options.connect_timeout` passes, so the
     /// client may start before the server. A wrong or missing secret fails at once without retrying.
     pub fn connect(

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
+use super::options::ServerOptions;
 use super::requests::Parked;
-use super::server::ServerOptions;
 use crate::frame::{Frame, FrameError, NONCE_LEN, encode_frame, split_frame};
 
 /// Buffers larger than this are freed rather than kept once empty.

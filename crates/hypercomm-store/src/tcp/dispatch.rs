@@ -5,8 +5,8 @@ use std::io;
 use std::time::Instant;
 
 use super::connection::{Connection, Expiry, Pending, Phase, later};
+use super::options::ServerOptions;
 use super::requests::{self, Outcome, Refusal};
-use super::server::ServerOptions;
 use super::table::{Table, Waiter};
 use super::upstream::Upstream;
 use crate::frame::{Frame, FrameError};

@@ -26,9 +26,10 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::connection::{Connection, Expiry, Phase, Received};
 use super::dispatch::{Closing, Core};
+use super::options::ServerOptions;
 use super::requests;
-use super::server::{ServerOptions, StartUpstream};
 use super::table::{Table, Waiter};
+use super::upstream::StartUpstream;
 use crate::frame::{Frame, encode_frame};
 use crate::secret::random_bytes;
 

@@ -30,6 +30,7 @@ mod client;
 mod connection;
 mod dispatch;
 mod event_loop;
+mod options;
 mod relay;
 mod requests;
 mod server;
@@ -37,9 +38,10 @@ mod table;
 mod upstream;
 
 pub use client::{ClientOptions, TcpStore};
+pub use options::ServerOptions;
 pub(crate) use relay::NodeRelay;
 pub use relay::{RELAY_ADDR_ENV, RelayError, StoreRelay};
-pub use server::{ServerError, ServerOptions, TcpStoreServer};
+pub use server::{ServerError, TcpStoreServer};
 
 #[cfg(test)]
 mod tests;

@@ -30,7 +30,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::ClientOptions;
-use super::server::{ServerError, ServerOptions, TcpStoreServer};
+use super::options::ServerOptions;
+use super::server::{ServerError, TcpStoreServer};
 use super::upstream::{Central, RelayCounts, Upstream};
 
 /// The variable through which `hypercomm launch` tells its ranks the `host:port` of their node's relay.

@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
-use super::server::{ServerOptions, frame_name};
+use super::options::ServerOptions;
 use super::table::{Table, Waiter};
+use crate::frame::frame_name;
 use crate::frame::{Frame, NONCE_LEN, PROTOCOL_VERSION};
 use crate::secret::SECRET_ENV;
 use crate::{Key, StoreError};

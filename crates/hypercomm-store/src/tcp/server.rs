@@ -10,56 +10,15 @@ use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
 
 use super::event_loop::{EventLoop, Shared};
-use super::upstream::Upstream;
-use crate::frame::{DEFAULT_MAX_FRAME, Frame};
-use crate::secret::Secret;
+use super::options::ServerOptions;
+use super::upstream::StartUpstream;
 
 /// Pending connections the kernel may queue before the server accepts them. Linux caps it at
 /// `net.core.somaxconn` (4096 by default since 5.4); a large queue keeps a burst of thousands of ranks connecting
 /// at once from waiting out SYN retransmissions.
 const LISTEN_BACKLOG: i32 = 65_535;
-
-/// Makes a relay's forwarding half, given the waker of the event loop it will answer through.
-pub(super) type StartUpstream = Box<dyn FnOnce(Arc<mio::Waker>) -> io::Result<Upstream> + Send>;
-
-/// How a [`TcpStoreServer`] behaves.
-#[derive(Debug, Clone)]
-pub struct ServerOptions {
-    /// The shared secret clients must prove they hold; `None` serves anyone who can connect.
-    pub secret: Option<Secret>,
-    /// The largest frame body accepted or sent, in bytes.
-    pub max_frame: u32,
-    /// Connections served at once; further clients are refused with a message until one closes. By default
-    /// there is no cap of the server's own: the process's open-file limit (`RLIMIT_NOFILE`) is the limit, and a
-    /// client refused for it is told the limit.
-    pub max_connections: usize,
-    /// How long a new connection has to complete the handshake.
-    pub handshake_timeout: Duration,
-    /// How long a connection may sit idle between requests before the server closes it. Clients reopen closed
-    /// connections transparently.
-    pub idle_timeout: Duration,
-    /// How long the server waits to write one reply before giving up on the connection.
-    pub write_timeout: Duration,
-    /// The longest a single get or wait may keep a connection waiting, whatever the client asked for.
-    pub max_wait: Duration,
-}
-
-impl Default for ServerOptions {
-    fn default() -> Self {
-        ServerOptions {
-            secret: None,
-            max_frame: DEFAULT_MAX_FRAME,
-            max_connections: usize::MAX,
-            handshake_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(600),
-            write_timeout: Duration::from_secs(30),
-            max_wait: Duration::from_secs(24 * 3600),
-        }
-    }
-}
 
 /// Why a server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -182,30 +141,13 @@ impl Drop for TcpStoreServer {
     }
 }
 
-/// A short name for a frame's type, for log and error messages.
-pub(crate) fn frame_name(frame: &Frame) -> &'static str {
-    match frame {
-        Frame::Hello { .. } => "hello",
-        Frame::Auth { .. } => "auth",
-        Frame::Welcome { .. } => "welcome",
-        Frame::Refused { .. } => "refused",
-        Frame::Set { .. } => "set",
-        Frame::TryGet { .. } => "try_get",
-        Frame::Get { .. } => "get",
-        Frame::Wait { .. } => "wait",
-        Frame::Add { .. } => "add",
-        Frame::CompareSet { .. } => "compare_set",
-        Frame::Delete { .. } => "delete",
-        Frame::NumKeys => "num_keys",
-        Frame::Done => "done",
-        Frame::Value(_) => "value",
-        Frame::Int(_) => "int",
-        Frame::Bool(_) => "bool",
-        Frame::Swapped { .. } => "swapped",
-        Frame::Count(_) => "count",
-        Frame::TimedOut { .. } => "timed_out",
-        Frame::NotACounter { .. } => "not_a_counter",
-        Frame::Overflow { .. } => "overflow",
-        Frame::Failed { .. } => "failed",
+impl super::TcpStore {
+    /// Starts a server in this process; shorthand for [`TcpStoreServer::bind`]. (Defined with the server, so the
+    /// client's module does not import the server's.)
+    pub fn server(
+        bind: impl ToSocketAddrs + std::fmt::Display,
+        options: ServerOptions,
+    ) -> Result<TcpStoreServer, ServerError> {
+        TcpStoreServer::bind(bind, options)
     }
 }

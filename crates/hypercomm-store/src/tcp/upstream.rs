@@ -16,11 +16,15 @@ use std::time::{Duration, Instant};
 use mio::Waker;
 
 use super::connection::later;
-use super::server::frame_name;
 use super::table::Waiter;
 use super::{ClientOptions, TcpStore};
 use crate::frame::Frame;
+use crate::frame::frame_name;
 use crate::{Key, Store, StoreError};
+
+/// Makes a relay's forwarding half, given the waker of the event loop it will answer through.
+pub(super) type StartUpstream =
+    Box<dyn FnOnce(Arc<mio::Waker>) -> std::io::Result<Upstream> + Send>;
 
 /// Threads forwarding requests that do not wait.
 const OP_WORKERS: usize = 2;
