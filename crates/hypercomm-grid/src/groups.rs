@@ -6,20 +6,7 @@
 //! dimensions, earliest fastest. With the first dimension varying fastest in the rank mapping, both orders make every
 //! group ascending.
 
-use serde::{Deserialize, Serialize};
-
-use crate::{CompactMembership, DimSet, Grid, GridError, GroupRanks};
-
-/// One rank's group: its members and where the rank and the group stand.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Membership {
-    /// The members, ascending.
-    pub members: Vec<usize>,
-    /// The rank's position in `members` (its rank inside the group's communicator).
-    pub index: usize,
-    /// The group's position in the order [`Grid::groups`] yields groups.
-    pub group: usize,
-}
+use crate::{CompactMembership, DimSet, Grid, GridError, GroupRanks, Membership};
 
 /// A mixed-radix counter over some of a grid's dimensions: `(stride, size)` per dimension, earliest fastest.
 #[derive(Debug, Clone)]

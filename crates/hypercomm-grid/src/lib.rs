@@ -65,6 +65,6 @@ pub mod strategies;
 pub use dimset::DimSet;
 pub use error::GridError;
 pub use grid::{Dim, Grid, MAX_DIMS, parse_dims};
-pub use groups::{Groups, Membership};
-pub use ranks::{CompactMembership, GroupRanks, GroupRanksIter};
+pub use groups::Groups;
+pub use ranks::{CompactMembership, GroupRanks, GroupRanksIter, Membership};
 pub use view::GridView;

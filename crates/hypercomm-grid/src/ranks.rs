@@ -1,5 +1,5 @@
-//! [`GroupRanks`]: a group's members described in O(dims) space, and [`CompactMembership`], one rank's group in
-//! that form.
+//! One rank's group, with its members listed ([`Membership`]) or described in O(dims) space ([`GroupRanks`];
+//! [`CompactMembership`] is one rank's group in that form).
 //!
 //! A group over a set of dimensions holds `base + Σ i_k · stride_k` for every `i_k < size_k`, enumerated with the
 //! earliest axis fastest. Storing the axes instead of the members makes one rank's groups cost the same at any
@@ -7,7 +7,18 @@
 //! [`Grid::group_of`](crate::Grid::group_of) when you want the members as a `Vec`; use the compact form to count,
 //! index or stream members without holding them.
 
-use crate::Membership;
+use serde::{Deserialize, Serialize};
+
+/// One rank's group: its members and where the rank and the group stand.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Membership {
+    /// The members, ascending.
+    pub members: Vec<usize>,
+    /// The rank's position in `members` (its rank inside the group's communicator).
+    pub index: usize,
+    /// The group's position in the order [`Grid::groups`](crate::Grid::groups) yields groups.
+    pub group: usize,
+}
 
 /// The members of one group, ascending, without storing them: positions `start .. start + len` of the
 /// enumeration of `base + Σ i_k · stride_k` over `(stride_k, size_k)` axes, earliest axis fastest.

@@ -125,7 +125,7 @@ impl ProcessGroupCollection {
     }
 
     /// The process group of every rank of the layout; the collection must be built
-    /// [`with_world_group(true)`](CollectionBuilder::with_world_group).
+    /// [`with_world_group(true)`](crate::CollectionBuilder::with_world_group).
     pub fn world(&self) -> Result<&ProcessGroup, CollectionError> {
         let id = GroupId::kind(WORLD);
         if !self.entries.iter().any(|e| e.id == id) {

@@ -3,7 +3,7 @@
 use hypercomm_comm::CommError;
 use hypercomm_grid::layout::LayoutError;
 
-use crate::GroupId;
+use crate::group_id::GroupId;
 
 /// What went wrong building or using a [`ProcessGroupCollection`](crate::ProcessGroupCollection).
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! [`LayoutError`]: why a parallel layout is invalid, or why it has no group of some kind.
 
+use super::token::Token;
 use crate::GridError;
-use crate::layout::Token;
 
 /// Why a [`ParallelLayout`](crate::layout::ParallelLayout) could not be built or queried. Each variant names the
 /// values involved and the rule they broke.

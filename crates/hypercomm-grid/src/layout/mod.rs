@@ -30,11 +30,13 @@ mod error;
 mod groups;
 mod kind;
 mod order;
+mod token;
 
 pub use config::{LayoutConfig, ParallelLayout, TokenSizes, rank_generator};
 pub use error::LayoutError;
 pub use groups::KindGroups;
 pub use kind::GroupKind;
-pub use order::{Order, Token};
+pub use order::Order;
+pub use token::Token;
 #[cfg(test)]
 mod tests;
