@@ -1,8 +1,8 @@
-//! [`Launcher`]: what to run and how (the builder), and [`Launcher::run`], which sets up what the ranks meet
+//! The [`Launcher`] builder's setters, and [`Launcher::run`], which sets up what the ranks meet
 //! through (the store server on node 0, the node's relay, the secret, signal forwarding) and hands the ranks to
 //! the job (`crate::job`) that starts and supervises them.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
@@ -11,31 +11,9 @@ use hypercomm_store::{
     ClientOptions, SECRET_ENV, Secret, ServerOptions, StoreAddr, StoreRelay, TcpStoreServer,
 };
 
+use crate::config::Launcher;
 use crate::job::Job;
 use crate::{LaunchError, LaunchReport};
-
-/// What to run and how. Build with [`Launcher::new`] and the setters, then [`Launcher::run`].
-///
-/// The job (`crate::job`) reads the fields while it starts and supervises the ranks.
-#[derive(Debug, Clone)]
-pub struct Launcher {
-    pub(crate) program: OsString,
-    pub(crate) args: Vec<OsString>,
-    pub(crate) nproc: usize,
-    pub(crate) nnodes: usize,
-    pub(crate) node_rank: usize,
-    pub(crate) master_addr: String,
-    pub(crate) master_port: u16,
-    pub(crate) grace: Duration,
-    pub(crate) timeout: Option<Duration>,
-    pub(crate) forward_signals: bool,
-    pub(crate) echo: bool,
-    pub(crate) capture: bool,
-    pub(crate) secret: Option<Secret>,
-    pub(crate) relay: Option<bool>,
-    pub(crate) torchrun_env: bool,
-    pub(crate) env: Vec<(OsString, OsString)>,
-}
 
 impl Launcher {
     /// A launcher for `program` with one rank on one node, store on `127.0.0.1` at a free port, a 5 s grace

@@ -34,22 +34,23 @@
 //! # Ok::<(), hypercomm_launch::LaunchError>(())
 //! ```
 //!
-//! Inside, one module per idea: `launcher` is the builder ([`Launcher`]) and sets up the store, relay and secret;
-//! `job` starts the ranks and reaps them, `job::supervise` is the loop that applies the failure, timeout and
-//! signal policies, and `job::exit_order` timestamps each exit so "failed first" is the real order; `output`
-//! prefixes and keeps the ranks' lines; `report` ([`LaunchReport`]) says how the job ended.
+//! Inside, one module per idea: `config` holds [`Launcher`]'s data, `launcher` its setters and the setup of the
+//! store, relay and secret; `job` starts the ranks and reaps them, `job::supervise` is the loop that applies the
+//! failure, timeout and signal policies, and `job::exit_order` timestamps each exit so "failed first" is the real
+//! order; `output` prefixes and keeps the ranks' lines; `report` ([`LaunchReport`]) says how the job ended.
 //!
 //! [`Rendezvous::from_env`]: hypercomm_store::Rendezvous::from_env
 //! [`TcpStoreServer`]: hypercomm_store::TcpStoreServer
 //! [`StoreRelay`]: hypercomm_store::StoreRelay
 
+mod config;
 mod error;
 mod job;
 mod launcher;
 mod output;
 mod report;
 
+pub use config::Launcher;
 pub use error::LaunchError;
-pub use launcher::Launcher;
 pub use output::MAX_CAPTURED_LINES;
 pub use report::{Exit, LaunchReport, RankOutcome, signal_name};

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use hypercomm_store::{RELAY_ADDR_ENV, SECRET_ENV, STORE_ADDR_ENV, Secret, StoreAddr};
 use rustix::process::{Pid, Signal};
 
+use crate::config::Launcher;
 use crate::output::{Sink, Stream, pump};
-use crate::{Exit, LaunchError, Launcher, RankOutcome};
+use crate::{Exit, LaunchError, RankOutcome};
 use exit_order::watch_exit;
 
 /// How long the launcher waits, after the last rank exits, for output still in flight in the pipes.

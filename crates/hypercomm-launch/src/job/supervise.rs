@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use rustix::process::Signal;
 
 use super::Job;
-use crate::{Exit, Launcher, signal_name};
+use crate::config::Launcher;
+use crate::{Exit, signal_name};
 
 /// How often the launcher checks its ranks and pending signals.
 const POLL: Duration = Duration::from_millis(5);
