@@ -5,7 +5,7 @@ use crate::backends::nccl::communicator::{DeviceCommunicator, DeviceWork};
 use crate::backends::nccl::gpu::DeviceBuffer;
 use crate::{CommError, Element, ReduceOp};
 
-/// The device half of a [`ProcessGroup`]: collectives on the side's own buffer type.
+/// The device half of a [`ProcessGroup`](crate::device::ProcessGroup): collectives on the side's own buffer type.
 pub trait DeviceSide: Send + Sync {
     /// A buffer of `T` on a device.
     type Buffer<T: Element>: Send + 'static;
