@@ -1,4 +1,5 @@
-//! Argument checks shared by every communicator face (host and device): member lists, roots, peers, lengths. They
+//! Argument checks shared by every communicator face (host and device): member lists, roots, peers, lengths, shrink
+//! exclusions. They
 //! run before anything is sent and name the communicator and the offending value.
 
 use crate::CommError;
@@ -64,6 +65,41 @@ pub(crate) fn len(comm: &str, what: &str, got: usize, expected: usize) -> Result
         ));
     }
     Ok(())
+}
+
+/// A shrink's exclusion list, sorted and checked: ranks of a `size`-rank communicator, no repeats, not the calling
+/// `rank` (excluded ranks do not call shrink).
+pub(crate) fn exclusions(
+    comm: &str,
+    size: usize,
+    rank: usize,
+    exclude: &[usize],
+) -> Result<Vec<usize>, CommError> {
+    let mut sorted = exclude.to_vec();
+    sorted.sort_unstable();
+    if let Some(&bad) = sorted.iter().find(|&&r| r >= size) {
+        return Err(invalid(
+            comm,
+            format!(
+                "shrink excludes rank {bad}, which is not a rank of a {size}-rank communicator"
+            ),
+        ));
+    }
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(invalid(
+            comm,
+            format!("shrink excludes rank {} twice in {exclude:?}", w[0]),
+        ));
+    }
+    if sorted.binary_search(&rank).is_ok() {
+        return Err(invalid(
+            comm,
+            format!(
+                "rank {rank} called shrink but excludes itself in {exclude:?}; excluded ranks do not call shrink"
+            ),
+        ));
+    }
+    Ok(sorted)
 }
 
 #[cfg(test)]

@@ -69,7 +69,7 @@ impl Communicator {
     ) -> Result<Communicator, CommError> {
         let id = self.next_shrink();
         let name = format!("{}/shrink{id}", self.name());
-        let excluded = self.check_exclude(exclude)?;
+        let excluded = crate::checks::exclusions(self.name(), self.size(), self.rank(), exclude)?;
         let options = CommOptions { name, ..options };
         options.validate_for(self.backend())?;
         let survivors: Vec<usize> = (0..self.size())
@@ -88,35 +88,6 @@ impl Communicator {
                 options,
             ),
         }
-    }
-
-    /// The exclusion list, sorted and checked: ranks of this communicator, no repeats, not this rank.
-    fn check_exclude(&self, exclude: &[usize]) -> Result<Vec<usize>, CommError> {
-        let invalid = |what: String| CommError::InvalidArgument {
-            comm: self.name().to_owned(),
-            what,
-        };
-        let mut sorted = exclude.to_vec();
-        sorted.sort_unstable();
-        if let Some(&bad) = sorted.iter().find(|&&r| r >= self.size()) {
-            return Err(invalid(format!(
-                "shrink excludes rank {bad}, which is not a rank of a {}-rank communicator",
-                self.size()
-            )));
-        }
-        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            return Err(invalid(format!(
-                "shrink excludes rank {} twice in {exclude:?}",
-                w[0]
-            )));
-        }
-        if sorted.binary_search(&self.rank()).is_ok() {
-            return Err(invalid(format!(
-                "rank {} called shrink but excludes itself in {exclude:?}; excluded ranks do not call shrink",
-                self.rank()
-            )));
-        }
-        Ok(sorted)
     }
 
     /// Publishes this rank's exclusion list and checks that every survivor passed the same one.

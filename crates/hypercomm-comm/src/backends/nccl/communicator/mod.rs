@@ -289,26 +289,7 @@ impl DeviceCommunicator {
                 what: "ncclCommShrink".into(),
                 why: e.to_string(),
             })?;
-        if let Some(&bad) = exclude.iter().find(|&&r| r >= self.size()) {
-            return Err(self.invalid(format!(
-                "rank {bad} to exclude is not a rank of a {}-rank communicator",
-                self.size()
-            )));
-        }
-        let mut sorted = exclude.to_vec();
-        sorted.sort_unstable();
-        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            return Err(self.invalid(format!(
-                "shrink excludes rank {} twice in {exclude:?}",
-                w[0]
-            )));
-        }
-        if sorted.binary_search(&self.rank).is_ok() {
-            return Err(self.invalid(format!(
-                "rank {} called shrink but excludes itself in {exclude:?}; excluded ranks do not call shrink",
-                self.rank
-            )));
-        }
+        crate::checks::exclusions(&self.options.name, self.size(), self.rank, exclude)?;
         let options = CommOptions {
             name: format!("{}/shrink{}", self.options.name, self.next_child()),
             ..self.options.clone()
