@@ -14,10 +14,11 @@
 //! buckets stay aligned, and gets the averaged gradient like the others.
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Tensor, Var};
+use candle_core::{Tensor, Var};
 use candle_nn::VarMap;
 use hypercomm_comm::ReduceOp;
 
+use crate::bucket::{Bucket, Buckets, Fill};
 use crate::host::{HostBuf, Pending};
 use crate::{Error, Result, TensorGroup};
 
@@ -40,18 +41,6 @@ pub struct SyncStats {
 pub struct GradSync {
     group: TensorGroup,
     bucket_bytes: usize,
-}
-
-/// A bucket being filled: its buffer and, per variable in it, the variable's index and offset.
-struct Bucket {
-    buf: HostBuf,
-    members: Vec<(usize, usize)>,
-}
-
-/// A bucket whose all-reduce is in flight.
-struct InFlight {
-    pending: Pending,
-    members: Vec<(usize, usize)>,
 }
 
 impl GradSync {
@@ -107,66 +96,44 @@ impl GradSync {
         }
         let comm = self.group.comm()?;
         let mut stats = SyncStats::default();
-        let mut open: Vec<(DType, Bucket)> = Vec::new();
-        let mut in_flight: Vec<InFlight> = Vec::new();
-        let issue = |bucket: Bucket, stats: &mut SyncStats| -> Result<InFlight> {
-            stats.buckets += 1;
-            stats.elements += bucket.buf.len();
-            stats.bytes += bucket.buf.bytes();
+        let mut buckets: Buckets<HostBuf> = Buckets::new(self.bucket_bytes);
+        let mut in_flight: Vec<(Pending, Vec<(usize, usize)>)> = Vec::new();
+        let issue = |bucket: Bucket<HostBuf>, stats: &mut SyncStats| -> Result<_> {
+            stats.count(&bucket.fill);
             let pending = bucket
-                .buf
+                .fill
                 .all_reduce(comm, ReduceOp::Avg)
-                .map_err(|source| Error::Comm {
-                    group: self.group.name().to_owned(),
-                    source: Box::new(source),
-                })?;
-            Ok(InFlight {
-                pending,
-                members: bucket.members,
-            })
+                .map_err(|source| self.comm_error(source))?;
+            Ok((pending, bucket.members))
         };
+        let empty = |dtype| HostBuf::empty(dtype, "gradient sync", self.group.name());
         for (index, var) in vars.iter().enumerate() {
             let t = var.as_tensor();
             crate::host::check_tensor(t, "gradient sync", self.group.name())?;
             let grad = self.gradient(index, t, grads)?;
-            let grad = &grad;
-            let slot = match open.iter().position(|(d, _)| *d == t.dtype()) {
-                Some(slot) => slot,
-                None => {
-                    let buf = HostBuf::empty(t.dtype(), "gradient sync", self.group.name())?;
-                    open.push((
-                        t.dtype(),
-                        Bucket {
-                            buf,
-                            members: Vec::new(),
-                        },
-                    ));
-                    open.len() - 1
-                }
-            };
-            let bucket = &mut open[slot].1;
-            bucket.members.push((index, bucket.buf.len()));
-            bucket.buf.append(grad)?;
-            if bucket.buf.bytes() >= self.bucket_bytes {
-                let (_, full) = open.remove(slot);
+            if let Some(full) = buckets.add(index, &grad, empty)? {
                 in_flight.push(issue(full, &mut stats)?);
             }
         }
-        for (_, bucket) in open {
+        for bucket in buckets.rest() {
             in_flight.push(issue(bucket, &mut stats)?);
         }
-        for flight in in_flight {
-            let buf = flight.pending.wait().map_err(|source| Error::Comm {
-                group: self.group.name().to_owned(),
-                source: Box::new(source),
-            })?;
-            for (index, offset) in flight.members {
+        for (pending, members) in in_flight {
+            let buf = pending.wait().map_err(|source| self.comm_error(source))?;
+            for (index, offset) in members {
                 let t = vars[index].as_tensor();
                 let avg: Tensor = buf.tensor_at(offset, t.shape(), t.device())?;
                 grads.insert(t, avg);
             }
         }
         Ok(stats)
+    }
+
+    fn comm_error(&self, source: hypercomm_comm::CommError) -> Error {
+        Error::Comm {
+            group: self.group.name().to_owned(),
+            source: Box::new(source),
+        }
     }
 
     /// Variable `index`'s gradient (zeros when it has none), checked against the variable.
@@ -197,16 +164,13 @@ impl GradSync {
     /// the CPU.
     fn sync_on_device(&self, vars: &[Var], grads: &mut GradStore) -> Result<SyncStats> {
         let mut stats = SyncStats::default();
-        // Per dtype: the flattened gradients of the bucket being filled, their bytes, and (variable, offset).
-        type Open = (DType, Vec<Tensor>, usize, Vec<(usize, usize)>);
-        let mut open: Vec<Open> = Vec::new();
+        let mut buckets: Buckets<DeviceFlat> = Buckets::new(self.bucket_bytes);
         let mut done: Vec<(Tensor, Vec<(usize, usize)>)> = Vec::new();
-        let issue = |flat: Vec<Tensor>, bytes: usize, stats: &mut SyncStats| -> Result<Tensor> {
-            let bucket = Tensor::cat(&flat, 0)?;
-            stats.buckets += 1;
-            stats.elements += bucket.elem_count();
-            stats.bytes += bytes;
-            self.group.all_reduce_async(&bucket, ReduceOp::Avg)?.wait()
+        let issue = |bucket: Bucket<DeviceFlat>, stats: &mut SyncStats| -> Result<_> {
+            stats.count(&bucket.fill);
+            let flat = Tensor::cat(&bucket.fill.parts, 0)?;
+            let avg = self.group.all_reduce_async(&flat, ReduceOp::Avg)?.wait()?;
+            Ok((avg, bucket.members))
         };
         for (index, var) in vars.iter().enumerate() {
             let t = var.as_tensor();
@@ -223,26 +187,13 @@ impl GradSync {
                     ),
                 });
             }
-            let grad = self.gradient(index, t, grads)?.flatten_all()?;
-            let slot = match open.iter().position(|(d, ..)| *d == t.dtype()) {
-                Some(slot) => slot,
-                None => {
-                    open.push((t.dtype(), Vec::new(), 0, Vec::new()));
-                    open.len() - 1
-                }
-            };
-            let (_, flat, bytes, members) = &mut open[slot];
-            let offset = flat.iter().map(Tensor::elem_count).sum();
-            members.push((index, offset));
-            *bytes += grad.elem_count() * t.dtype().size_in_bytes();
-            flat.push(grad);
-            if *bytes >= self.bucket_bytes {
-                let (_, flat, bytes, members) = open.remove(slot);
-                done.push((issue(flat, bytes, &mut stats)?, members));
+            let grad = self.gradient(index, t, grads)?;
+            if let Some(full) = buckets.add(index, &grad, |_| Ok(DeviceFlat::default()))? {
+                done.push(issue(full, &mut stats)?);
             }
         }
-        for (_, flat, bytes, members) in open {
-            done.push((issue(flat, bytes, &mut stats)?, members));
+        for bucket in buckets.rest() {
+            done.push(issue(bucket, &mut stats)?);
         }
         for (avg, members) in done {
             for (index, offset) in members {
@@ -252,6 +203,50 @@ impl GradSync {
             }
         }
         Ok(stats)
+    }
+}
+
+impl SyncStats {
+    /// Counts one issued bucket.
+    fn count(&mut self, fill: &impl Fill) {
+        self.buckets += 1;
+        self.elements += fill.elements();
+        self.bytes += fill.bytes();
+    }
+}
+
+impl Fill for HostBuf {
+    fn elements(&self) -> usize {
+        self.len()
+    }
+    fn bytes(&self) -> usize {
+        HostBuf::bytes(self)
+    }
+    fn push(&mut self, grad: &Tensor) -> Result<()> {
+        self.append(grad)
+    }
+}
+
+/// A bucket of CUDA gradients: flattened on the device, joined by one `Tensor::cat` when issued.
+#[derive(Default)]
+struct DeviceFlat {
+    parts: Vec<Tensor>,
+    elements: usize,
+    bytes: usize,
+}
+
+impl Fill for DeviceFlat {
+    fn elements(&self) -> usize {
+        self.elements
+    }
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+    fn push(&mut self, grad: &Tensor) -> Result<()> {
+        self.elements += grad.elem_count();
+        self.bytes += grad.elem_count() * grad.dtype().size_in_bytes();
+        self.parts.push(grad.flatten_all()?);
+        Ok(())
     }
 }
 

@@ -44,6 +44,7 @@
 //! stream-ordered on candle's stream with no trip through host memory. The feature builds candle's CUDA backend,
 //! which needs `nvcc` at build time, so it is never a default; without it a CUDA tensor is an error saying so.
 
+mod bucket;
 mod collectives;
 pub mod ddp;
 #[cfg(feature = "cuda")]
