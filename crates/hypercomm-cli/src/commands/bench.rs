@@ -48,6 +48,11 @@ pub struct Args {
     /// Most timed iterations per size (large sizes use fewer, at least 5).
     #[arg(long, default_value_t = 200)]
     iters: usize,
+    /// Host: run the whole benchmark this many times in a row (fresh communicators each time) and report, per
+    /// size, the median of the runs' medians and their spread (min-max), with the load average before and after.
+    /// How small-message latency is judged on a shared machine: one run can be lucky or unlucky.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -183,16 +188,41 @@ pub fn run(args: Args) -> Result<(), CliError> {
         "# busbw factor {:.3}; time is the median of each size's iterations",
         op.bus_factor(ranks)
     );
-    print_table_header();
-    let bar = size_bar(sizes.len());
-    let results = bench::run(&config, &|r| {
-        bar.suspend(|| println!("{}", row(r)));
-        bar.inc(1);
-    })
-    .map_err(|e| CliError::Failed(e.to_string()))?;
-    bar.finish_and_clear();
+    if args.runs == 0 {
+        return Err(CliError::Usage("--runs must be at least 1".into()));
+    }
+    let load_before = super::bench_runs::load_average();
+    let mut all_runs = Vec::with_capacity(args.runs);
+    for run in 0..args.runs {
+        if args.runs > 1 {
+            println!("# run {} of {}", run + 1, args.runs);
+        }
+        print_table_header();
+        let bar = size_bar(sizes.len());
+        let results = bench::run(&config, &|r| {
+            bar.suspend(|| println!("{}", row(r)));
+            bar.inc(1);
+        })
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+        bar.finish_and_clear();
+        all_runs.push(results);
+    }
+    let load_after = super::bench_runs::load_average();
+    let summary = super::bench_runs::Summary::of(&all_runs);
+    if args.runs > 1 {
+        println!(
+            "# {} runs; load average (1 min) {} before, {} after",
+            args.runs,
+            super::bench_runs::show_load(load_before),
+            super::bench_runs::show_load(load_after)
+        );
+        print!("{}", summary.table());
+    }
+    // The table and plot of a single run are that run; of several, each size's median run.
+    let results = summary.median_results();
     if let Some(path) = &args.json {
-        write_json(path, "host", &results, None)?;
+        let runs = (args.runs > 1).then(|| summary.json(load_before, load_after));
+        write_json(path, "host", &results, None, runs)?;
     }
     if let Some(path) = &args.plot {
         plot(path, &results)?;
@@ -222,6 +252,12 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
     if args.tcp {
         return Err(CliError::Usage(
             "--tcp is a host transport; the nccl backend picks its own".into(),
+        ));
+    }
+    if args.runs != 1 {
+        return Err(CliError::Usage(
+            "--runs is for the host backend; with nccl, --overhead-batches repeats the timing"
+                .into(),
         ));
     }
     let sizes = parse_sizes(&args.sizes)?;
@@ -310,7 +346,7 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
                 "blocking": args.blocking,
             })
         });
-        write_json(path, "nccl", &report.results, overhead)?;
+        write_json(path, "nccl", &report.results, overhead, None)?;
     }
     if let Some(path) = &args.plot {
         plot(path, &report.results)?;
@@ -323,6 +359,7 @@ fn write_json(
     backend: &str,
     results: &[BenchResult],
     overhead: Option<serde_json::Value>,
+    runs: Option<serde_json::Value>,
 ) -> Result<(), CliError> {
     let rows: Vec<_> = results
         .iter()
@@ -336,6 +373,9 @@ fn write_json(
     let mut doc = serde_json::json!({ "backend": backend, "results": rows });
     if let Some(o) = overhead {
         doc["overhead"] = o;
+    }
+    if let Some(r) = runs {
+        doc["runs"] = r;
     }
     let text = serde_json::to_string_pretty(&doc)
         .map_err(|e| CliError::Failed(format!("cannot encode results: {e}")))?;

@@ -1,6 +1,8 @@
 //! One module per subcommand: each has an `Args` (clap) and a `run` that returns a [`CliError`](crate::error::CliError).
+//! A subcommand's helper module is named after it (`bench_runs`).
 
 pub mod bench;
+pub mod bench_runs;
 pub mod collection_bench;
 pub mod grid;
 pub mod launch;
