@@ -50,6 +50,34 @@ fn launch_stops_the_others_and_names_the_failed_rank() {
 }
 
 #[test]
+fn launch_tells_the_ranks_the_communicator_timeout_and_checks_the_periods() {
+    let out = hypercomm()
+        .args(["launch", "-n", "1", "--comm-timeout-secs", "2.5", "--"])
+        .args(["sh", "-c", "echo t=$HYPERCOMM_COMM_TIMEOUT_SECS"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "[rank 0] t=2.5\n");
+    for (arg, says) in [
+        ("--comm-timeout-secs=0", "communicator timeout 0s"),
+        ("--kill-after-secs=-1", "--kill-after-secs=-1 is not"),
+        ("--grace-secs=NaN", "--grace-secs=NaN is not"),
+    ] {
+        let out = hypercomm()
+            .args(["launch", "-n", "1", arg, "--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{arg}: {err}");
+        assert!(err.contains(says), "{arg}: {err}");
+    }
+}
+
+#[test]
 fn launch_rejects_a_missing_program_with_status_2() {
     let out = hypercomm().args(["launch", "-n", "2"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));

@@ -11,13 +11,15 @@ use hypercomm_store::{
     ClientOptions, SECRET_ENV, Secret, ServerOptions, StoreAddr, StoreRelay, TcpStoreServer,
 };
 
-use crate::config::Launcher;
+use crate::config::{DEFAULT_COMM_TIMEOUT, DEFAULT_KILL_AFTER, Launcher, REPORT_MARGIN};
 use crate::job::Job;
 use crate::{LaunchError, LaunchReport};
 
 impl Launcher {
-    /// A launcher for `program` with one rank on one node, store on `127.0.0.1` at a free port, a 5 s grace
-    /// period, no timeout, output echoed and not captured, no signal forwarding, and a fresh random secret.
+    /// A launcher for `program` with one rank on one node, store on `127.0.0.1` at a free port, the communicators'
+    /// default timeout ([`DEFAULT_COMM_TIMEOUT`]) and the grace period derived from it ([`Launcher::grace_period`]),
+    /// 5 s from SIGTERM to SIGKILL, no job timeout, output echoed and not captured, no signal forwarding, and a
+    /// fresh random secret.
     pub fn new(program: impl AsRef<OsStr>) -> Self {
         Launcher {
             program: program.as_ref().to_owned(),
@@ -27,7 +29,9 @@ impl Launcher {
             node_rank: 0,
             master_addr: "127.0.0.1".into(),
             master_port: 0,
-            grace: Duration::from_secs(5),
+            grace: None,
+            kill_after: DEFAULT_KILL_AFTER,
+            comm_timeout: DEFAULT_COMM_TIMEOUT,
             timeout: None,
             forward_signals: false,
             echo: true,
@@ -93,14 +97,54 @@ impl Launcher {
         self
     }
 
-    /// How long the other ranks may keep running after one fails, and again between SIGTERM and SIGKILL.
+    /// How long the other ranks may keep running after one fails, before SIGTERM. Unset, it is derived from the
+    /// communicator timeout ([`Launcher::grace_period`]).
     #[must_use]
     pub fn grace(mut self, grace: Duration) -> Self {
-        self.grace = grace;
+        self.grace = Some(grace);
         self
     }
 
-    /// Stop the whole job (SIGTERM, then SIGKILL after the grace period) once it has run this long.
+    /// How long a rank has between SIGTERM (after a failure, the job timeout or a forwarded signal) and SIGKILL
+    /// (default [`DEFAULT_KILL_AFTER`], 5 s).
+    #[must_use]
+    pub fn kill_after(mut self, kill_after: Duration) -> Self {
+        self.kill_after = kill_after;
+        self
+    }
+
+    /// The timeout the ranks' communicators use (default [`DEFAULT_COMM_TIMEOUT`], the communicators' own default).
+    /// The launcher cannot see it, so it is told: the default grace period is derived from it, and every rank gets
+    /// it in `HYPERCOMM_COMM_TIMEOUT_SECS` (read by `Rendezvous::from_env` into `Rendezvous::comm_timeout`), for the
+    /// program to give its communicators.
+    #[must_use]
+    pub fn comm_timeout(mut self, timeout: Duration) -> Self {
+        self.comm_timeout = timeout;
+        self
+    }
+
+    /// The grace period this launcher applies after a rank fails: the one set with [`Launcher::grace`], or else
+    /// the communicator timeout plus [`REPORT_MARGIN`].
+    ///
+    /// A survivor learns of a peer that died at once (a closed connection, a vanished process), but of a peer that
+    /// never arrived (it failed before its communicators were made) or stalled only when its own wait times out,
+    /// after the communicator timeout; the margin covers reading the failure records, printing and exiting. The
+    /// job still ends as soon as every rank has exited, so a long grace costs nothing when the survivors report.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use hypercomm_launch::{Launcher, REPORT_MARGIN};
+    ///
+    /// let launcher = Launcher::new("train").comm_timeout(Duration::from_secs(60));
+    /// assert_eq!(launcher.grace_period(), Duration::from_secs(60) + REPORT_MARGIN);
+    /// assert_eq!(launcher.grace(Duration::from_secs(2)).grace_period(), Duration::from_secs(2));
+    /// ```
+    pub fn grace_period(&self) -> Duration {
+        self.grace
+            .unwrap_or_else(|| self.comm_timeout.saturating_add(REPORT_MARGIN))
+    }
+
+    /// Stop the whole job (SIGTERM, then SIGKILL after [`Launcher::kill_after`]) once it has run this long.
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
@@ -186,6 +230,11 @@ impl Launcher {
                 "nnodes={} needs an explicit master port: the other nodes cannot learn a port picked at random",
                 self.nnodes
             ));
+        }
+        if self.comm_timeout.is_zero() {
+            return invalid(
+                "communicator timeout 0s: the ranks' communicators wait a positive time".into(),
+            );
         }
         if self.nproc.checked_mul(self.nnodes).is_none() {
             return invalid(format!(

@@ -10,6 +10,13 @@
 //! `[rank K] `, and watches the ranks: when one fails it gives the others a grace period to finish, then sends
 //! SIGTERM, then SIGKILL, and returns a [`LaunchReport`] naming the rank that failed and how.
 //!
+//! The grace period is long enough, by default, for the survivors to report: a rank learns that a peer died at
+//! once, but that a peer never arrived or stalled only when its communicator's timeout runs out. So unless set
+//! ([`Launcher::grace`]), the grace is the ranks' communicator timeout ([`Launcher::comm_timeout`], by default
+//! [`DEFAULT_COMM_TIMEOUT`], the communicators' own default) plus [`REPORT_MARGIN`]. The launcher tells the ranks
+//! that timeout in `HYPERCOMM_COMM_TIMEOUT_SECS` (`Rendezvous::comm_timeout`), so a program can make the two agree.
+//! The grace only bounds the wait: the job ends as soon as every rank has exited.
+//!
 //! On a job of several nodes the launcher also runs the node's [`StoreRelay`]: the ranks reach the store
 //! through it (it is named in `HYPERCOMM_STORE_RELAY`), so the central store sees a few connections per node, and
 //! identical waits of the node's ranks become one upstream wait. [`Launcher::relay`] turns it on or off.
@@ -50,7 +57,7 @@ mod launcher;
 mod output;
 mod report;
 
-pub use config::Launcher;
+pub use config::{DEFAULT_COMM_TIMEOUT, DEFAULT_KILL_AFTER, Launcher, REPORT_MARGIN};
 pub use error::LaunchError;
 pub use output::MAX_CAPTURED_LINES;
 pub use report::{Exit, LaunchReport, RankOutcome, signal_name};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use hypercomm_launch::{Exit, LaunchError, Launcher};
+use hypercomm_launch::{DEFAULT_COMM_TIMEOUT, Exit, LaunchError, Launcher, REPORT_MARGIN};
 
 const JOB_LIMIT: Duration = Duration::from_secs(120);
 
@@ -71,11 +71,50 @@ fn a_failing_rank_stops_the_others_and_is_named_in_the_summary() {
 }
 
 #[test]
-fn ranks_that_ignore_sigterm_are_killed_after_the_grace_period() {
+fn by_default_survivors_get_the_communicator_timeout_and_a_margin_to_report() {
+    // Rank 1 fails at once; rank 0 takes 6 s to report (as a survivor waiting out a 5 s communicator timeout
+    // would). The derived grace (5 s + REPORT_MARGIN) lets it finish on its own, where a fixed 5 s would not.
+    let launcher = sh("if [ \"$HYPERCOMM_RANK\" = 1 ]; then exit 3; fi; \
+         sleep 6; echo \"reported after t=$HYPERCOMM_COMM_TIMEOUT_SECS\"; exit 9")
+    .nproc(2)
+    .comm_timeout(Duration::from_secs(5));
+    assert_eq!(
+        launcher.grace_period(),
+        Duration::from_secs(5) + REPORT_MARGIN
+    );
+    let report = launcher.run().unwrap();
+    assert_eq!(report.first_failure, Some(1), "{}", report.summary());
+    let survivor = report.rank(0).unwrap();
+    assert_eq!(survivor.exit, Exit::Code(9), "{}", report.summary());
+    assert!(!survivor.stopped_by_launcher);
+    assert_eq!(survivor.stdout, ["reported after t=5"]);
+}
+
+#[test]
+fn the_default_communicator_timeout_is_told_to_the_ranks() {
+    let report = sh("echo t=$HYPERCOMM_COMM_TIMEOUT_SECS").run().unwrap();
+    assert!(report.success(), "{}", report.summary());
+    assert_eq!(
+        report.rank(0).unwrap().stdout,
+        [format!("t={}", DEFAULT_COMM_TIMEOUT.as_secs())]
+    );
+    let err = Launcher::new("/bin/true")
+        .comm_timeout(Duration::ZERO)
+        .run()
+        .unwrap_err();
+    assert!(
+        matches!(&err, LaunchError::Invalid(m) if m.contains("communicator timeout 0s")),
+        "{err}"
+    );
+}
+
+#[test]
+fn ranks_that_ignore_sigterm_are_killed_once_kill_after_has_passed() {
     let report =
         sh("if [ \"$HYPERCOMM_RANK\" = 0 ]; then kill -SEGV $$; fi; trap '' TERM; sleep 60")
             .nproc(2)
             .grace(Duration::from_millis(200))
+            .kill_after(Duration::from_millis(200))
             .run()
             .unwrap();
     assert_eq!(report.first_failure, Some(0));
@@ -115,7 +154,7 @@ fn the_job_timeout_stops_every_rank() {
     let report = sh("exec sleep 60")
         .nproc(2)
         .timeout(Duration::from_millis(300))
-        .grace(Duration::from_millis(200))
+        .kill_after(Duration::from_millis(200))
         .run()
         .unwrap();
     assert!(report.timed_out);

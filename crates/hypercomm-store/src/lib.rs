@@ -43,7 +43,9 @@ pub use error::StoreError;
 pub use key::{Key, KeyDecodeError, KeyPart};
 pub use memory::MemoryStore;
 pub use prefix::PrefixStore;
-pub use rendezvous::{EnvSource, Joined, Rendezvous, RendezvousError, STORE_ADDR_ENV, StoreAddr};
+pub use rendezvous::{
+    COMM_TIMEOUT_ENV, EnvSource, Joined, Rendezvous, RendezvousError, STORE_ADDR_ENV, StoreAddr,
+};
 pub use secret::{SECRET_ENV, Secret, SecretError};
 pub use store::{CompareSet, Store};
 pub use tcp::{

@@ -20,9 +20,14 @@
 //! script. Under torchrun, `MASTER_PORT` is already taken by PyTorch's own store, so set `HYPERCOMM_STORE_ADDR`
 //! to a different port there. The shared secret, when the job uses one, comes from
 //! [`SECRET_ENV`](crate::SECRET_ENV).
+//!
+//! `hypercomm launch` also tells the ranks the communicator timeout its grace period was derived from, in
+//! [`COMM_TIMEOUT_ENV`] ([`Rendezvous::comm_timeout`]): a rank that gives its communicators that timeout is sure
+//! to report a lost peer before the launcher stops it.
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use crate::StoreError;
 use crate::secret::{Secret, SecretError};
@@ -178,6 +183,10 @@ pub struct Rendezvous {
     pub relay: Option<(StoreAddr, usize)>,
     /// Which launcher's variables were used.
     pub source: EnvSource,
+    /// The communicator timeout the launcher assumed, from [`COMM_TIMEOUT_ENV`] (set by `hypercomm launch`, which
+    /// gives the ranks that long, plus a margin, to report after a rank fails); `None` when unset. Use it as the
+    /// communicators' timeout (`CommOptions::timeout`, `CollectionBuilder::with_timeout`) so the two agree.
+    pub comm_timeout: Option<Duration>,
 }
 
 /// A joined job: the client every rank uses, and the server when this rank hosts it.
@@ -239,6 +248,10 @@ const SOURCES: [Names; 5] = [
 
 /// The variable giving the store's `host:port` directly.
 pub const STORE_ADDR_ENV: &str = "HYPERCOMM_STORE_ADDR";
+
+/// The variable in which `hypercomm launch` tells the ranks the communicator timeout it derived its grace period
+/// from, in seconds (`"300"`, `"2.5"`); read into [`Rendezvous::comm_timeout`].
+pub const COMM_TIMEOUT_ENV: &str = "HYPERCOMM_COMM_TIMEOUT_SECS";
 
 impl Rendezvous {
     /// Reads the process environment: `HYPERCOMM_*`, then torchrun, SLURM, Open MPI and PMI variables, as in
@@ -321,6 +334,7 @@ impl Rendezvous {
             secret: Secret::from_vars(vars)?,
             relay: relay_addr(vars)?,
             source,
+            comm_timeout: comm_timeout(vars)?,
         })
     }
 
@@ -411,6 +425,23 @@ fn slurm_local_world(vars: &impl Fn(&str) -> Option<String>) -> Result<usize, Re
             per_node.len()
         ))
     })
+}
+
+/// The communicator timeout from [`COMM_TIMEOUT_ENV`]: a positive, finite number of seconds.
+fn comm_timeout(
+    vars: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<Duration>, RendezvousError> {
+    let Some(value) = vars(COMM_TIMEOUT_ENV) else {
+        return Ok(None);
+    };
+    match value.trim().parse::<f64>().map(Duration::try_from_secs_f64) {
+        Ok(Ok(timeout)) if !timeout.is_zero() => Ok(Some(timeout)),
+        _ => Err(RendezvousError::Invalid {
+            var: COMM_TIMEOUT_ENV.to_owned(),
+            value,
+            expected: "a positive number of seconds".to_owned(),
+        }),
+    }
 }
 
 /// This node's relay and the node's index, when the launcher started a relay.
@@ -758,5 +789,38 @@ mod tests {
         ])
         .unwrap();
         assert!(!launched.hosts_store());
+    }
+
+    #[test]
+    fn the_launchers_communicator_timeout_is_read_and_checked() {
+        let base = [
+            ("HYPERCOMM_RANK", "0"),
+            ("HYPERCOMM_WORLD_SIZE", "2"),
+            ("HYPERCOMM_LOCAL_RANK", "0"),
+            ("HYPERCOMM_LOCAL_WORLD_SIZE", "2"),
+            ADDR,
+        ];
+        assert_eq!(read(&base).unwrap().comm_timeout, None);
+        let with = |value: &'static str| {
+            let mut pairs = base.to_vec();
+            pairs.push((COMM_TIMEOUT_ENV, value));
+            read(&pairs)
+        };
+        assert_eq!(
+            with("2.5").unwrap().comm_timeout,
+            Some(Duration::from_millis(2500))
+        );
+        assert_eq!(
+            with(" 300 ").unwrap().comm_timeout,
+            Some(Duration::from_secs(300))
+        );
+        for bad in ["0", "-1", "soon", "inf", "NaN", ""] {
+            let err = with(bad).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains(&format!("HYPERCOMM_COMM_TIMEOUT_SECS={bad:?}")),
+                "{bad}: {err}"
+            );
+        }
     }
 }

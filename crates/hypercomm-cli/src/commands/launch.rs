@@ -26,9 +26,18 @@ pub struct Args {
     /// Store port (0: a free port, single node only).
     #[arg(long, default_value_t = 0)]
     master_port: u16,
-    /// Seconds the other ranks get after one fails, and again between SIGTERM and SIGKILL.
+    /// Seconds the other ranks get, after one fails, to report and exit before SIGTERM [default: the
+    /// communicator timeout + 15]. Survivors learn of a dead peer at once, but of a peer that never arrived or
+    /// stalled only when their communicator timeout runs out; the job ends as soon as every rank has exited.
+    #[arg(long)]
+    grace_secs: Option<f64>,
+    /// The timeout of the ranks' communicators, which the default grace is derived from; exported to every rank
+    /// as HYPERCOMM_COMM_TIMEOUT_SECS (Rendezvous::comm_timeout) for the program to use.
+    #[arg(long, default_value_t = 300.0)]
+    comm_timeout_secs: f64,
+    /// Seconds between SIGTERM and SIGKILL.
     #[arg(long, default_value_t = 5.0)]
-    grace_secs: f64,
+    kill_after_secs: f64,
     /// Reach the store through a relay on this node (`on`), or directly (`off`). By default a job of several
     /// nodes uses a relay on each node and a single node does not.
     #[arg(long, value_parser = ["on", "off"])]
@@ -64,12 +73,16 @@ pub fn run(args: Args) -> Result<(), CliError> {
         .nproc(args.nproc)
         .nodes(args.nnodes, args.node_rank)
         .master(args.master_addr, args.master_port)
-        .grace(seconds("grace-secs", args.grace_secs)?)
+        .comm_timeout(seconds("comm-timeout-secs", args.comm_timeout_secs)?)
+        .kill_after(seconds("kill-after-secs", args.kill_after_secs)?)
         .secret(secret)
         .torchrun_env(args.torchrun_env)
         .forward_signals(true);
     if let Some(relay) = &args.relay {
         launcher = launcher.relay(relay == "on");
+    }
+    if let Some(grace) = args.grace_secs {
+        launcher = launcher.grace(seconds("grace-secs", grace)?);
     }
     if let Some(t) = args.timeout_secs {
         launcher = launcher.timeout(seconds("timeout-secs", t)?);

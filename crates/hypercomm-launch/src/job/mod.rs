@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hypercomm_store::{RELAY_ADDR_ENV, SECRET_ENV, STORE_ADDR_ENV, Secret, StoreAddr};
+use hypercomm_store::{
+    COMM_TIMEOUT_ENV, RELAY_ADDR_ENV, SECRET_ENV, STORE_ADDR_ENV, Secret, StoreAddr,
+};
 use rustix::process::{Pid, Signal};
 
 use crate::config::Launcher;
@@ -79,6 +81,10 @@ impl Job {
                 .env("HYPERCOMM_NODE_RANK", launcher.node_rank.to_string())
                 .env("HYPERCOMM_NNODES", launcher.nnodes.to_string())
                 .env(STORE_ADDR_ENV, store_addr.to_string())
+                .env(
+                    COMM_TIMEOUT_ENV,
+                    launcher.comm_timeout.as_secs_f64().to_string(),
+                )
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())

@@ -1,7 +1,7 @@
 //! The supervision loop: poll the ranks until every one has exited, and apply the launcher's policies on the way
-//! (a failed rank gives the others a grace period, then SIGTERM, then SIGKILL; the job timeout; forwarded
-//! SIGINT/SIGTERM, a second one killing every rank). A rank "fails first" in the order the ranks exited, as
-//! [`exit_order`](super::exit_order) reports it, not in the order they are polled in.
+//! (a failed rank gives the others a grace period, then SIGTERM, then SIGKILL after `kill_after`; the job
+//! timeout; forwarded SIGINT/SIGTERM, a second one killing every rank). A rank "fails first" in the order the
+//! ranks exited, as [`exit_order`](super::exit_order) reports it, not in the order they are polled in.
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
@@ -14,6 +14,12 @@ use crate::{Exit, signal_name};
 
 /// How often the launcher checks its ranks and pending signals.
 const POLL: Duration = Duration::from_millis(5);
+
+/// `now + wait`, with `wait` capped at a century so that a huge grace means "never" instead of overflowing.
+fn later(now: Instant, wait: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(wait.min(CENTURY)).unwrap_or(now)
+}
 
 /// What happened while watching.
 pub(crate) struct Watched {
@@ -32,6 +38,7 @@ impl Job {
         mut signals: Option<signal_hook::iterator::Signals>,
     ) -> Watched {
         let started = Instant::now();
+        let grace = launcher.grace_period();
         let mut first_failure = None;
         let mut timed_out = false;
         let mut interrupted_by = None;
@@ -51,7 +58,7 @@ impl Job {
                         if let Some(signal) = Signal::from_named_raw(sig) {
                             self.signal_running(signal);
                         }
-                        kill_at = Some(now + launcher.grace);
+                        kill_at = Some(later(now, launcher.kill_after));
                     } else {
                         tracing::warn!("second signal: killing every rank");
                         self.signal_running(Signal::KILL);
@@ -93,7 +100,7 @@ impl Job {
                                 "rank {} {exit}; stopping the others",
                                 rank.rank
                             );
-                            term_at.get_or_insert(now + launcher.grace);
+                            term_at.get_or_insert(later(now, grace));
                         }
                     }
                     Ok(None) => {}
@@ -101,7 +108,7 @@ impl Job {
                         tracing::warn!(rank = rank.rank, error = %e, "cannot poll rank; treating it as failed");
                         rank.exit = Some(Exit::Code(-1));
                         first_failure.get_or_insert(rank.rank);
-                        term_at.get_or_insert(now + launcher.grace);
+                        term_at.get_or_insert(later(now, grace));
                     }
                 }
             }
@@ -122,7 +129,7 @@ impl Job {
             {
                 termed = true;
                 self.signal_running(Signal::TERM);
-                kill_at.get_or_insert(now + launcher.grace);
+                kill_at.get_or_insert(later(now, launcher.kill_after));
             }
             if let Some(at) = kill_at
                 && !killed
