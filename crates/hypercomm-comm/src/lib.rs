@@ -36,7 +36,8 @@ mod work;
 
 pub use communicator::{Communicator, InOut};
 pub use element::{DType, Element, ReduceOp, as_bytes, as_bytes_mut};
-pub use error::CommError;
+pub use error::{Call, CommError, Fault, RootCause};
+pub use failure::FailureDomain;
 pub use nccl_options::NcclOptions;
 pub use options::{Algorithm, BackendKind, CommOptions};
 pub use work::Work;

@@ -64,3 +64,26 @@ pub enum CollectionError {
     #[error("cannot rebuild without the lost ranks: {0}")]
     Rebuild(String),
 }
+
+impl CollectionError {
+    /// The communicator error behind this one, if a communicator failed.
+    pub fn comm_error(&self) -> Option<&CommError> {
+        match self {
+            CollectionError::Comm { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// The world ranks lost (dead or missing) at the root of this failure: [`CommError::lost_ranks`] of the
+    /// communicator error; empty for every other error. Ready for
+    /// [`ShrunkLayout::without_replicas_of`](crate::ShrunkLayout::without_replicas_of).
+    pub fn lost_ranks(&self) -> &[usize] {
+        self.comm_error().map_or(&[], CommError::lost_ranks)
+    }
+
+    /// The world ranks to blame: [`CommError::culprits`] of the communicator error (lost ranks, or ranks whose
+    /// arguments disagreed); empty for every other error.
+    pub fn culprits(&self) -> &[usize] {
+        self.comm_error().map_or(&[], CommError::culprits)
+    }
+}

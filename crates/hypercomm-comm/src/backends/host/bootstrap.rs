@@ -56,12 +56,12 @@ fn get_or_name_missing(
 ) -> Result<Vec<u8>, CommError> {
     match store.get(key, options.timeout) {
         Ok(value) => Ok(value),
-        Err(StoreError::Timeout { .. }) => Err(CommError::Timeout {
-            comm: options.name.clone(),
-            missing: missing(),
-            after: options.timeout,
-            during: during.to_owned(),
-        }),
+        Err(StoreError::Timeout { .. }) => Err(CommError::timeout(
+            &options.name,
+            missing(),
+            options.timeout,
+            during,
+        )),
         Err(source) => Err(store_err(&options.name)(source)),
     }
 }
