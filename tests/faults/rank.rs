@@ -206,13 +206,19 @@ fn fault_rank() {
         "large_kill_shm" | "large_kill_tcp" => {
             let big = || comm.all_reduce(vec![1.0f32; 1 << 22], ReduceOp::Sum);
             if me == victim {
-                // Enter the collective and die at once: on a quiet machine the whole 16 MiB all-reduce takes about
-                // 3.5 ms, so any delay here would let it complete before the kill lands.
+                // Enter the collective and die at once. The kill may land only after this rank's progress thread
+                // finished the collective with the others; then the survivors meet the dead rank in the next one,
+                // which is why they keep issuing until one fails (the victim issues nothing more).
                 let _pending = big().unwrap();
                 die(Signal::KILL);
             }
-            let start = Instant::now();
-            seen("SEEN", start, big().and_then(|w| w.wait()))
+            for _ in 0..3 {
+                let start = Instant::now();
+                if let Err(e) = big().and_then(|w| w.wait()) {
+                    seen("SEEN", start, Err::<(), _>(e))
+                }
+            }
+            panic!("three 16 MiB all-reduces succeeded after the victim was killed")
         }
         "between_kill" => {
             if me == victim {
