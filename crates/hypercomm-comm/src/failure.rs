@@ -152,14 +152,17 @@ impl FailureDomain {
         comms.push(Arc::downgrade(comm));
     }
 
-    /// Writes `record` as this rank's, unless it already recorded something at least as definite: a final
-    /// record is never replaced, except a disagreement by a fatal failure.
+    /// Writes `record` as this rank's, unless it already recorded something at least as definite: a root cause
+    /// is never replaced, except a disagreement by a fatal failure; a provisional record or a cause-less abort
+    /// yields to a root cause.
     fn record(&self, record: Record) {
         {
             let mut own = lock(&self.own);
             let replace = match (own.as_ref(), &record) {
                 (None, _) => true,
                 (Some(Record::Provisional(_)), Record::Final(_) | Record::NoCause) => true,
+                // A deliberate abort of one communicator does not hide a later failure of another.
+                (Some(Record::NoCause), Record::Final(_)) => true,
                 (Some(Record::Final(c)), Record::Final(n)) => {
                     c.fault == Fault::Disagreed && n.fault != Fault::Disagreed
                 }
@@ -658,6 +661,11 @@ mod tests {
         d.record(Record::Final(cause(vec![3], Fault::Died, 0)));
         d.record_abort();
         assert_eq!(d.root_cause(), Some(cause(vec![2], Fault::Died, 0)));
+        // A deliberate abort first, a failure later: the failure is the record.
+        let e = domain(&store, 7);
+        e.record_abort();
+        e.record(Record::Final(cause(vec![4], Fault::Missing, 7)));
+        assert_eq!(e.root_cause(), Some(cause(vec![4], Fault::Missing, 7)));
         assert_eq!(
             domain(&store, 5).read(0, Duration::from_millis(50)),
             Some(Record::Final(cause(vec![2], Fault::Died, 0)))
