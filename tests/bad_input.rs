@@ -17,6 +17,11 @@ use hypercomm::store::{
 };
 use proptest::prelude::*;
 
+/// An error message as the house style wants it: not empty, no trailing period.
+fn clean(msg: &str) -> bool {
+    !msg.trim().is_empty() && !msg.ends_with('.')
+}
+
 fn quick() -> ProptestConfig {
     ProptestConfig {
         cases: 64,
@@ -37,7 +42,7 @@ proptest! {
     ) {
         let built = LayoutConfig::new(world).tp(tp).pp(pp).cp(cp).ep(ep).order(order).build();
         match built {
-            Err(e) => prop_assert!(!e.to_string().is_empty()),
+            Err(e) => prop_assert!(clean(&e.to_string()), "{}", e),
             Ok(layout) => {
                 let r = layout.group_of(rank, GroupKind::Tp);
                 prop_assert_eq!(r.is_err(), rank >= layout.world());
@@ -52,8 +57,17 @@ proptest! {
     /// Grids from any text and any sizes.
     #[test]
     fn grids_from_any_text_are_parsed_or_refused(text in ".{0,40}", a in 0usize..5, b in 0usize..5) {
-        if let Ok(dims) = parse_dims(&text) {
-            let _ = Grid::new(dims);
+        // Whatever parses builds a grid of exactly those dimensions, or is refused with a reason; text that does
+        // not parse is refused with a clean message.
+        match parse_dims(&text) {
+            Ok(dims) => match Grid::new(dims.clone()) {
+                Ok(grid) => {
+                    prop_assert_eq!(grid.dims(), &dims[..]);
+                    prop_assert_eq!(grid.size(), dims.iter().map(|d| d.size).product::<usize>());
+                }
+                Err(e) => prop_assert!(clean(&e.to_string()), "{}", e),
+            },
+            Err(e) => prop_assert!(clean(&e.to_string()), "{}", e),
         }
         let grid = Grid::new([("tp", a), ("dp", b)]);
         prop_assert_eq!(grid.is_err(), a == 0 || b == 0);
@@ -68,8 +82,14 @@ proptest! {
             r#"\{"hosts": ?\[[0-9, ]{0,10}\], ?"[a-z]{1,6}": ?-?[0-9]{1,3}\}"#,
         ],
     ) {
-        let _ = GroupOptions::from_json(&text);
-        let _ = Cluster::from_json(&text);
+        // Accepted or refused with a clean message (never a panic); the junk shapes are never accepted whole.
+        if let Err(e) = GroupOptions::from_json(&text) {
+            prop_assert!(clean(&e.to_string()), "{}", e);
+        }
+        match Cluster::from_json(&text) {
+            Ok(_) => prop_assert!(text.contains("\"hosts\""), "a cluster without hosts was accepted: {}", text),
+            Err(e) => prop_assert!(clean(&e.to_string()), "{}", e),
+        }
     }
 
     /// Out-of-range roots and peers, mismatched buffers and counts, bad options, bad exclusion lists: each is

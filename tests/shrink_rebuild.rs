@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hypercomm::comm::{BackendKind, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
 use hypercomm::grid::layout::{LayoutConfig, ParallelLayout};
 use hypercomm::launch::{Exit, Launcher};
 use hypercomm::pgc::{ProcessGroupCollection, ShrunkLayout};
@@ -31,21 +31,16 @@ fn step(
     layout: &ParallelLayout,
     rank: usize,
     iter: u64,
-) -> Result<(), String> {
+) -> Result<(), CommError> {
     use hypercomm::grid::layout::GroupKind;
     for (kind, comm, len) in [
-        (GroupKind::Dp, pgc.dp().map_err(|e| e.to_string())?, 1000),
-        (GroupKind::Tp, pgc.tp().map_err(|e| e.to_string())?, 10),
+        (GroupKind::Dp, pgc.dp().unwrap(), 1000),
+        (GroupKind::Tp, pgc.tp().unwrap(), 10),
     ] {
         let got = comm
             .all_reduce(grad(rank, iter, len), ReduceOp::Sum)
-            .and_then(|w| w.wait())
-            .map_err(|e| e.to_string())?;
-        let members = layout
-            .group_of(rank, kind)
-            .map_err(|e| e.to_string())?
-            .ok_or("rank outside a dp/tp group")?
-            .members;
+            .and_then(|w| w.wait())?;
+        let members = layout.group_of(rank, kind).unwrap().unwrap().members;
         let want: Vec<f64> = (0..len)
             .map(|i| members.iter().map(|&m| grad(m, iter, len)[i]).sum())
             .collect();
@@ -64,18 +59,22 @@ fn shrink_rank() {
         return;
     };
     let me = rdv.rank;
+    println!("pid {}", std::process::id());
     let store: Arc<dyn Store> = Arc::new(rdv.join(rdv.client_options()).unwrap().store);
-    let options = CommOptions {
-        timeout: TIMEOUT,
-        ..CommOptions::named("world")
-    };
-    let world =
-        Communicator::world(BackendKind::Host, Arc::clone(&store), WORLD, me, options).unwrap();
     let layout = LayoutConfig::new(WORLD).tp(2).build().unwrap();
     let pgc = ProcessGroupCollection::for_layout("model", layout.clone())
         .with_timeout(TIMEOUT)
         .build(me, Arc::clone(&store))
         .unwrap();
+    // The world communicator fails with the collection: one failure domain, so a failure in either aborts both
+    // and every survivor, wherever it meets the failure, reads the same root cause.
+    let options = CommOptions {
+        timeout: TIMEOUT,
+        failure_domain: Some(Arc::clone(pgc.tp().unwrap().failure_domain())),
+        ..CommOptions::named("world")
+    };
+    let world =
+        Communicator::world(BackendKind::Host, Arc::clone(&store), WORLD, me, options).unwrap();
     let mut iter = 0;
     let mut failure = None;
     while iter < ITERS {
@@ -85,12 +84,8 @@ fn shrink_rank() {
                 .unwrap();
             std::thread::sleep(Duration::from_secs(120));
         }
-        let done = step(&pgc, &layout, me, iter).and_then(|()| {
-            world
-                .barrier()
-                .and_then(|w| w.wait())
-                .map_err(|e| e.to_string())
-        });
+        let done =
+            step(&pgc, &layout, me, iter).and_then(|()| world.barrier().and_then(|w| w.wait()));
         if let Err(e) = done {
             failure = Some(e);
             break;
@@ -99,15 +94,19 @@ fn shrink_rank() {
     }
     let failure = failure.expect("a survivor must notice that rank 5 died");
     println!("rank {me} failed at iteration {iter}: {failure}");
+    // The error names the dead rank by world rank, whatever group this rank met it in: ready to shrink around.
+    let lost = failure.lost_ranks().to_vec();
+    println!("rank {me} lost {lost:?}");
     // Recovery. Survivors notice at different times (one waits out a timeout on a peer that went to recover), so
     // the shrink gets a longer timeout than the training communicators.
     drop(pgc);
     let started = Instant::now();
     let live = world
         .shrink_with(
-            &[VICTIM],
+            &world.positions_of(&lost).unwrap(),
             CommOptions {
                 timeout: Duration::from_secs(30),
+                failure_domain: None,
                 ..world.options().clone()
             },
         )
@@ -120,7 +119,7 @@ fn shrink_rank() {
         .wait()
         .unwrap();
     assert_eq!(count, vec![WORLD as u32 - 1]);
-    let shrunk = ShrunkLayout::without_replicas_of(&layout, &[VICTIM]).unwrap();
+    let shrunk = ShrunkLayout::without_replicas_of(&layout, &lost).unwrap();
     let Some(new_rank) = shrunk.new_rank(me) else {
         println!("spare rank {me}");
         return;
@@ -151,6 +150,38 @@ fn a_killed_rank_is_shrunk_away_and_training_goes_on() {
     assert_eq!(report.first_failure, Some(VICTIM), "{detail}");
     let layout = LayoutConfig::new(WORLD).tp(2).build().unwrap();
     let shrunk = ShrunkLayout::without_replicas_of(&layout, &[VICTIM]).unwrap();
+    // Nothing is left behind: no rank process, no shared-memory file of any rank.
+    let pids: Vec<u32> = report
+        .ranks
+        .iter()
+        .filter_map(|o| {
+            o.stdout
+                .iter()
+                .find_map(|l| l.strip_prefix("pid ")?.trim().parse().ok())
+        })
+        .collect();
+    assert_eq!(pids.len(), WORLD, "every rank prints its pid: {detail}");
+    let running: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("shrink_rank"))
+        })
+        .collect();
+    assert_eq!(running, Vec::<u32>::new(), "rank processes still running");
+    let prefixes: Vec<String> = pids.iter().map(|p| format!("hypercomm-{p}-")).collect();
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
+        .collect();
+    assert_eq!(
+        left,
+        Vec::<String>::new(),
+        "shared-memory files left behind"
+    );
     for outcome in &report.ranks {
         let out = outcome.stdout.join("\n");
         for line in &outcome.stdout {
@@ -171,6 +202,10 @@ fn a_killed_rank_is_shrunk_away_and_training_goes_on() {
         assert!(
             out.contains(&format!("rank {} failed at iteration", outcome.rank)),
             "{out}"
+        );
+        assert!(
+            out.contains(&format!("rank {} lost [{VICTIM}]", outcome.rank)),
+            "every survivor names exactly the dead rank: {out}"
         );
         match shrunk.new_rank(outcome.rank) {
             None => assert!(

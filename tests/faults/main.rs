@@ -1,10 +1,13 @@
 //! The fault-injection suite: real rank processes through the launcher, one fault per case, and a bounded outcome.
 //!
-//! For every case: each rank that should notice the fault returns an error naming the communicator and the lost
-//! rank within the communicator timeout plus a margin; the job never hangs (the launcher's own timeout never
+//! For every case: each rank that should notice the fault returns an error naming the communicator within the
+//! communicator timeout plus a margin, and the error's structured fields (`lost_ranks()`, `culprits()`, printed by
+//! the rank) blame exactly the faulty rank, by world rank, even on ranks that only met the fault through a cascade
+//! of aborts; the job never hangs (the launcher's own timeout never
 //! fires); every rank process is gone afterwards; and no shared-memory segment of any rank is left in `/dev/shm`.
 //! The cases run one after another in a single `#[test]` (this binary holds nothing else but the rank programs),
-//! and a table of the observed times to error is printed (`cargo test --test faults -- --nocapture`).
+//! and a table of the observed times to error is printed (`cargo test --test faults -- --nocapture`; with
+//! `HC_FAULT_VERBOSE=1`, every reporting rank's error too).
 //!
 //! The host backend talks TCP over loopback and keeps no socket files, so `/dev/shm` is the only place a rank
 //! could leave something behind.
@@ -22,7 +25,6 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 /// What a surviving rank may take beyond the timeout to report (a bound on a loaded CI machine, not a speed test).
 const MARGIN: Duration = Duration::from_secs(5);
 const RANKS: usize = 4;
-const VICTIM: usize = RANKS - 1;
 
 /// What happens to the faulty rank.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,138 +39,236 @@ enum Fate {
     Survives,
 }
 
+/// What every reporting rank's error must say.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Expect {
+    /// Its structured error blames exactly the victim: `lost_ranks() == [victim]` (and `culprits()` the same)
+    /// when `lost`, else (a disagreement) `culprits() == [victim]` with nothing lost.
+    Blames { lost: bool },
+    /// The connection between these two ranks broke: each blames the other (`lost_ranks() == [other]`); the other
+    /// ranks blame exactly one of the two.
+    Link(usize, usize),
+    /// The store died: the error names the store's address.
+    StoreAddress,
+}
+
 struct Case {
     name: &'static str,
     what: &'static str,
     fate: Fate,
-    /// Text every reporting rank's error must contain besides the communicator name: the lost rank.
-    names: &'static str,
+    /// The faulty rank.
+    victim: usize,
+    expect: Expect,
 }
 
 fn cases() -> Vec<Case> {
-    let lost = "[3]";
+    let case = |name, what, fate, victim, expect| Case {
+        name,
+        what,
+        fate,
+        victim,
+        expect,
+    };
+    let lost = Expect::Blames { lost: true };
+    let last = RANKS - 1;
     vec![
-        Case {
-            name: "bootstrap_kill",
-            what: "SIGKILL during bootstrap (shm)",
-            fate: Fate::Killed,
-            names: lost,
-        },
-        Case {
-            name: "small_kill_shm",
-            what: "SIGKILL during a 64 B all-reduce (shm)",
-            fate: Fate::Killed,
-            names: lost,
-        },
-        Case {
-            name: "small_kill_tcp",
-            what: "SIGKILL during a 64 B all-reduce (tcp)",
-            fate: Fate::Killed,
-            names: lost,
-        },
-        Case {
-            name: "large_kill_shm",
-            what: "SIGKILL during a 16 MiB all-reduce (shm)",
-            fate: Fate::Killed,
-            names: lost,
-        },
-        Case {
-            name: "large_kill_tcp",
-            what: "SIGKILL during a 16 MiB all-reduce (tcp)",
-            fate: Fate::Killed,
-            names: lost,
-        },
-        Case {
-            name: "between_kill",
-            what: "SIGKILL between collectives (shm)",
-            fate: Fate::Killed,
-            names: lost,
-        },
-        // A survivor may fail first on a group it shares only with survivors that already gave up; its error
-        // then names those ranks, so here any named rank will do.
-        Case {
-            name: "collection_kill",
-            what: "SIGKILL while a collection is built",
-            fate: Fate::Killed,
-            names: "rank(s) [",
-        },
-        Case {
-            name: "stop_shm",
-            what: "SIGSTOP: a rank stalls without dying (shm)",
-            fate: Fate::Stopped,
-            names: lost,
-        },
-        Case {
-            name: "stop_tcp",
-            what: "SIGSTOP: a rank stalls without dying (tcp)",
-            fate: Fate::Stopped,
-            names: lost,
-        },
-        Case {
-            name: "tcp_drop",
-            what: "TCP connection 0-1 dropped",
-            fate: Fate::Survives,
-            names: "rank",
-        },
-        Case {
-            name: "store_kill",
-            what: "store server SIGKILLed, then a split",
-            fate: Fate::Survives,
-            names: "store at",
-        },
-        Case {
-            name: "wrong_secret",
-            what: "a rank has the wrong store secret",
-            fate: Fate::Faulty,
-            names: lost,
-        },
-        Case {
-            name: "wrong_world",
-            what: "a rank has the wrong world size",
-            fate: Fate::Faulty,
-            names: lost,
-        },
+        case(
+            "bootstrap_kill",
+            "SIGKILL during bootstrap (shm)",
+            Fate::Killed,
+            last,
+            lost,
+        ),
+        case(
+            "small_kill_shm",
+            "SIGKILL during a 64 B all-reduce (shm)",
+            Fate::Killed,
+            last,
+            lost,
+        ),
+        case(
+            "small_kill_tcp",
+            "SIGKILL during a 64 B all-reduce (tcp)",
+            Fate::Killed,
+            last,
+            lost,
+        ),
+        case(
+            "large_kill_shm",
+            "SIGKILL during a 16 MiB all-reduce (shm)",
+            Fate::Killed,
+            last,
+            lost,
+        ),
+        case(
+            "large_kill_tcp",
+            "SIGKILL during a 16 MiB all-reduce (tcp)",
+            Fate::Killed,
+            last,
+            lost,
+        ),
+        case(
+            "between_kill",
+            "SIGKILL between collectives (shm)",
+            Fate::Killed,
+            last,
+            lost,
+        ),
+        // Survivors fail in different groups of the collection (some only with survivors that gave up); the
+        // collection's failure records make every one of them name the dead rank.
+        case(
+            "collection_kill",
+            "SIGKILL while a collection is built",
+            Fate::Killed,
+            last,
+            lost,
+        ),
+        case(
+            "stop_shm",
+            "SIGSTOP: a rank stalls without dying (shm)",
+            Fate::Stopped,
+            last,
+            lost,
+        ),
+        case(
+            "stop_tcp",
+            "SIGSTOP: a rank stalls without dying (tcp)",
+            Fate::Stopped,
+            last,
+            lost,
+        ),
+        case(
+            "tcp_drop",
+            "TCP connection 0-1 dropped",
+            Fate::Survives,
+            last,
+            Expect::Link(0, 1),
+        ),
+        case(
+            "store_kill",
+            "store server SIGKILLed, then a split",
+            Fate::Survives,
+            last,
+            Expect::StoreAddress,
+        ),
+        case(
+            "wrong_secret",
+            "a rank has the wrong store secret",
+            Fate::Faulty,
+            last,
+            lost,
+        ),
+        case(
+            "wrong_world",
+            "a rank has the wrong world size",
+            Fate::Faulty,
+            last,
+            lost,
+        ),
+        // The job: tp 2, dp 2 over 4 ranks, checked 16 MiB all-reduces on tp then dp. Survivors meet the
+        // fault directly (the victim's tp partner, its dp partner) or through a cascade (the other two).
+        case(
+            "tpdp_kill_shm",
+            "tp2 dp2: SIGKILL mid 16 MiB tp all-reduce (shm)",
+            Fate::Killed,
+            2,
+            lost,
+        ),
+        case(
+            "tpdp_kill_tcp",
+            "tp2 dp2: SIGKILL mid 16 MiB tp all-reduce (tcp)",
+            Fate::Killed,
+            2,
+            lost,
+        ),
+        case(
+            "tpdp_stop_shm",
+            "tp2 dp2: SIGSTOP mid 16 MiB tp all-reduce (shm)",
+            Fate::Stopped,
+            2,
+            lost,
+        ),
+        case(
+            "tpdp_count",
+            "tp2 dp2: a rank passes a wrong count, then all exit (shm)",
+            Fate::Faulty,
+            1,
+            Expect::Blames { lost: false },
+        ),
     ]
 }
 
 /// One rank's parsed output.
+#[derive(Default)]
 struct Seen {
     pid: Option<u32>,
     ms: Option<u128>,
+    /// The error's `lost_ranks()` and `culprits()`.
+    lost: Option<Vec<usize>>,
+    culprits: Option<Vec<usize>>,
     err: String,
 }
 
+/// A rank list as `{:?}` prints it: `[0, 3]`.
+fn parse_list(text: &str) -> Option<Vec<usize>> {
+    let inner = text.strip_prefix('[')?.strip_suffix(']')?;
+    inner
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().ok())
+        .collect()
+}
+
 fn parse(lines: &[String]) -> Seen {
-    let mut seen = Seen {
-        pid: None,
-        ms: None,
-        err: String::new(),
-    };
+    let mut seen = Seen::default();
     for line in lines {
         if let Some(pid) = line.strip_prefix("pid ") {
             seen.pid = pid.trim().parse().ok();
         }
         for tag in ["SEEN ms=", "FAULTY ms="] {
-            if let Some(rest) = line.strip_prefix(tag)
-                && let Some((ms, err)) = rest.split_once(" err=")
-            {
-                seen.ms = ms.parse().ok();
-                seen.err = err.to_owned();
-            }
+            let Some(rest) = line.strip_prefix(tag) else {
+                continue;
+            };
+            let Some((head, err)) = rest.split_once(" err=") else {
+                continue;
+            };
+            let Some((ms, head)) = head.split_once(" lost=") else {
+                continue;
+            };
+            let Some((lost, culprits)) = head.split_once(" culprits=") else {
+                continue;
+            };
+            seen.ms = ms.parse().ok();
+            seen.lost = parse_list(lost);
+            seen.culprits = parse_list(culprits);
+            seen.err = err.to_owned();
         }
     }
     seen
 }
 
-/// Whether `err` names `rank` in one of its rank lists (`rank(s) [0, 3]`) or store keys (`.../#3`).
-fn names_rank(err: &str, rank: usize) -> bool {
-    let in_list = err.split('[').skip(1).any(|rest| {
-        rest.split(']').next().is_some_and(|list| {
-            list.split(',')
-                .any(|r| r.trim().parse::<usize>() == Ok(rank))
-        })
-    });
-    in_list || err.contains(&format!("/#{rank}"))
+/// Whether a reporting rank's error says what `case` expects of rank `rank`; `Err` says what it says instead.
+fn check_blame(case: &Case, rank: usize, seen: &Seen, store: Option<&str>) -> Result<(), String> {
+    let (lost, culprits) = (
+        seen.lost.clone().unwrap_or_default(),
+        seen.culprits.clone().unwrap_or_default(),
+    );
+    let ok = match case.expect {
+        Expect::Blames { lost: true } => lost == [case.victim] && culprits == [case.victim],
+        Expect::Blames { lost: false } => lost.is_empty() && culprits == [case.victim],
+        Expect::Link(a, b) if rank == a => lost == [b],
+        Expect::Link(a, b) if rank == b => lost == [a],
+        Expect::Link(a, b) => lost == [a] || lost == [b],
+        Expect::StoreAddress => store.is_some_and(|addr| seen.err.contains(addr)),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "rank {rank} blames lost={lost:?} culprits={culprits:?}, expected {:?} of victim {}: {}",
+            case.expect, case.victim, seen.err
+        ))
+    }
 }
 
 /// Whether `pid` is still one of our rank processes (a reused pid running something else does not count).
@@ -223,12 +323,14 @@ fn run(case: &Case) -> Result<Row, String> {
         .map_err(|e| e.to_string())?
         .nproc(RANKS)
         // After the first rank exits, the others have this long to report before the launcher stops them.
-        .grace(TIMEOUT * 2)
+        .grace(TIMEOUT + MARGIN)
         .timeout(Duration::from_secs(90))
         .env("HC_FAULT_CASE", case.name)
+        .env("HC_FAULT_VICTIM", case.victim.to_string())
         .env("HC_FAULT_TIMEOUT_MS", TIMEOUT.as_millis().to_string());
     let store = (case.name == "store_kill").then(start_store);
-    if let Some((_, addr)) = &store {
+    let store_addr = store.as_ref().map(|(_, addr)| addr.clone());
+    if let Some(addr) = &store_addr {
         launcher = launcher.env("HC_STORE", addr);
     }
     let started = std::time::Instant::now();
@@ -251,7 +353,7 @@ fn run(case: &Case) -> Result<Row, String> {
     for outcome in &report.ranks {
         let seen = parse(&outcome.stdout);
         pids.extend(seen.pid);
-        let victim = outcome.rank == VICTIM && case.fate != Fate::Survives;
+        let victim = outcome.rank == case.victim && case.fate != Fate::Survives;
         let reports = !victim || case.fate == Fate::Faulty;
         if victim {
             let ok = match case.fate {
@@ -291,17 +393,24 @@ fn run(case: &Case) -> Result<Row, String> {
                 outcome.rank, seen.err
             ));
         }
-        let victim_named = if case.names == "[3]" {
-            names_rank(&seen.err, VICTIM)
-        } else {
-            seen.err.contains(case.names)
-        };
-        let comm_named = seen.err.contains(&comm) || case.name == "store_kill";
-        if !(victim || comm_named && victim_named) {
+        // A misconfigured victim only has to fail (a wrong secret fails before any communicator exists).
+        let excused = victim && case.fate == Fate::Faulty;
+        if !excused && !seen.err.contains(&comm) {
             return Err(format!(
-                "rank {}'s error does not name {comm} and {}: {}",
-                outcome.rank, case.names, seen.err
+                "rank {}'s error does not name {comm}: {}",
+                outcome.rank, seen.err
             ));
+        }
+        // A misconfigured victim only has to fail; the tpdp_count victim disagrees in a communicator and must
+        // blame itself like everyone else.
+        if !victim || case.name == "tpdp_count" {
+            check_blame(case, outcome.rank, &seen, store_addr.as_deref())?;
+        }
+        if std::env::var_os("HC_FAULT_VERBOSE").is_some() {
+            println!(
+                "[{} rank {}] {} ms: {}",
+                case.name, outcome.rank, ms, seen.err
+            );
         }
         if !victim && sample.is_empty() {
             sample = seen.err.clone();

@@ -8,10 +8,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hypercomm::comm::{BackendKind, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
 use hypercomm::grid::layout::LayoutConfig;
-use hypercomm::pgc::ProcessGroupCollection;
-use hypercomm::store::{ClientOptions, Key, Rendezvous, Secret, Store, TcpStore};
+use hypercomm::pgc::{CollectionError, ProcessGroupCollection};
+use hypercomm::store::{ClientOptions, Key, Rendezvous, Secret, Store, StoreError, TcpStore};
 use rustix::process::{Signal, getpid, kill_process};
 
 /// Exit status of a rank that saw the injected fault as it should.
@@ -21,12 +21,53 @@ fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} must be set for a fault rank"))
 }
 
-/// Prints the observation and exits; an `Ok` means the fault went unnoticed, which fails the case.
-fn seen<T, E: std::fmt::Display>(tag: &str, start: Instant, result: Result<T, E>) -> ! {
+/// The ranks an error blames, as its structured fields say (not its text).
+trait Blame: std::fmt::Display {
+    /// Lost (dead or missing) ranks at the root of the failure.
+    fn lost(&self) -> Vec<usize>;
+    /// Every rank to blame, disagreeing ones included.
+    fn culprits(&self) -> Vec<usize>;
+}
+
+impl Blame for CommError {
+    fn lost(&self) -> Vec<usize> {
+        self.lost_ranks().to_vec()
+    }
+    fn culprits(&self) -> Vec<usize> {
+        CommError::culprits(self).to_vec()
+    }
+}
+
+impl Blame for CollectionError {
+    fn lost(&self) -> Vec<usize> {
+        self.lost_ranks().to_vec()
+    }
+    fn culprits(&self) -> Vec<usize> {
+        CollectionError::culprits(self).to_vec()
+    }
+}
+
+impl Blame for StoreError {
+    fn lost(&self) -> Vec<usize> {
+        Vec::new()
+    }
+    fn culprits(&self) -> Vec<usize> {
+        Vec::new()
+    }
+}
+
+/// Prints the observation (`<tag> ms=<time> lost=[..] culprits=[..] err=<text>`) and exits; an `Ok` means the
+/// fault went unnoticed, which fails the case.
+fn seen<T, E: Blame>(tag: &str, start: Instant, result: Result<T, E>) -> ! {
     match result {
         Ok(_) => panic!("the fault went unnoticed: the operation succeeded"),
         Err(e) => {
-            println!("{tag} ms={} err={e}", start.elapsed().as_millis());
+            println!(
+                "{tag} ms={} lost={:?} culprits={:?} err={e}",
+                start.elapsed().as_millis(),
+                e.lost(),
+                e.culprits()
+            );
             std::process::exit(EXPECTED);
         }
     }
@@ -60,7 +101,7 @@ fn fault_rank() {
     println!("pid {}", std::process::id());
     let rdv = Rendezvous::from_env().unwrap();
     let (me, n) = (rdv.rank, rdv.world_size);
-    let victim = n - 1;
+    let victim: usize = var("HC_FAULT_VICTIM").parse().unwrap();
     let timeout = Duration::from_millis(var("HC_FAULT_TIMEOUT_MS").parse().unwrap());
     let name = format!("fault-{case}");
     let options = CommOptions {
@@ -146,6 +187,9 @@ fn fault_rank() {
             let start = Instant::now();
             seen("SEEN", start, builder.build(me, Arc::clone(&store)))
         }
+        "tpdp_kill_shm" | "tpdp_kill_tcp" | "tpdp_stop_shm" | "tpdp_count" => {
+            tp_dp_job(&case, me, victim, n, timeout, options.force_tcp, store)
+        }
         _ => {}
     }
     let comm = world(n).unwrap();
@@ -162,13 +206,19 @@ fn fault_rank() {
         "large_kill_shm" | "large_kill_tcp" => {
             let big = || comm.all_reduce(vec![1.0f32; 1 << 22], ReduceOp::Sum);
             if me == victim {
-                // Enter the collective and die at once: on a quiet machine the whole 16 MiB all-reduce takes about
-                // 3.5 ms, so any delay here would let it complete before the kill lands.
+                // Enter the collective and die at once. The kill may land only after this rank's progress thread
+                // finished the collective with the others; then the survivors meet the dead rank in the next one,
+                // which is why they keep issuing until one fails (the victim issues nothing more).
                 let _pending = big().unwrap();
                 die(Signal::KILL);
             }
-            let start = Instant::now();
-            seen("SEEN", start, big().and_then(|w| w.wait()))
+            for _ in 0..3 {
+                let start = Instant::now();
+                if let Err(e) = big().and_then(|w| w.wait()) {
+                    seen("SEEN", start, Err::<(), _>(e))
+                }
+            }
+            panic!("three 16 MiB all-reduces succeeded after the victim was killed")
         }
         "between_kill" => {
             if me == victim {
@@ -208,6 +258,61 @@ fn fault_rank() {
         }
         other => panic!("unknown fault case {other}"),
     }
+}
+
+/// The job of the issue's report: a `tp 2, dp 2` collection running checked 16 MiB all-reduces on tp, then dp.
+/// In the third iteration the victim faults in its tp all-reduce: it is killed or stopped right after issuing it,
+/// or passes one element too many (`tpdp_count`). Every rank reports the first error it gets, with the ranks it
+/// blames, and exits at once (no abort, no clean-up: what a job that dies on its first error does).
+fn tp_dp_job(
+    case: &str,
+    me: usize,
+    victim: usize,
+    n: usize,
+    timeout: Duration,
+    tcp: bool,
+    store: Arc<dyn Store>,
+) -> ! {
+    const LEN: usize = 1 << 22;
+    let layout = LayoutConfig::new(n).tp(2).build().unwrap();
+    let pgc = ProcessGroupCollection::for_layout(format!("fault-{case}"), layout)
+        .with_timeout(timeout)
+        .with_force_tcp(tcp)
+        .build(me, store)
+        .unwrap();
+    let (tp, dp) = (pgc.tp().unwrap(), pgc.dp().unwrap());
+    assert_eq!(tp.transport(), if tcp { "tcp" } else { "shm" });
+    for iter in 0..100 {
+        for comm in [tp, dp] {
+            let fault = me == victim && iter == 2 && std::ptr::eq(comm, tp);
+            let len = if fault && case == "tpdp_count" {
+                LEN + 1
+            } else {
+                LEN
+            };
+            let start = Instant::now();
+            let pending = comm.all_reduce(vec![1.0f32; len], ReduceOp::Sum);
+            if fault && case.starts_with("tpdp_kill") {
+                die(Signal::KILL);
+            }
+            if fault && case.starts_with("tpdp_stop") {
+                die(Signal::STOP);
+            }
+            match pending.and_then(|w| w.wait()) {
+                Ok(sum) => assert!(
+                    sum.iter().all(|&x| x == comm.size() as f32),
+                    "{} summed wrong in iteration {iter}",
+                    comm.name()
+                ),
+                Err(e) => seen(
+                    if fault { "FAULTY" } else { "SEEN" },
+                    start,
+                    Err::<(), _>(e),
+                ),
+            }
+        }
+    }
+    panic!("the fault went unnoticed for 100 iterations");
 }
 
 /// The standalone store of the `store_kill` case: serves on a free port, prints it, and kills itself (SIGKILL, no

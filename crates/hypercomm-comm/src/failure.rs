@@ -1,110 +1,561 @@
-//! How the news of a lost rank reaches every member of a communicator.
+//! How the news of a failure reaches every rank, with its root cause: [`FailureDomain`].
 //!
-//! When a rank sees a peer die or stall, it aborts the communicator so that the others stop waiting at once. An
-//! abort alone would tell them only *who aborted*, not *which rank was lost*. So before aborting, the rank writes
-//! the ranks it lost to the store under `comm/<name>/failure/<rank>`, and a rank stopped by that abort reads the
-//! key (briefly) and names the lost ranks in its own error. A rank that aborts because a peer aborted passes the
-//! list on under its own key, so chains of aborts keep the original cause.
+//! When a rank sees a peer die, stall or disagree, it aborts the communicator so that the others stop waiting at
+//! once. An abort alone would tell them only *who aborted*, and a peer that exits after its own error looks dead
+//! to the others; either way they would blame the messenger. So every failing rank first writes a **failure
+//! record** to the store under `<domain prefix>/<its member id>`: the root cause as it resolved it (which ranks,
+//! how, in which communicator). A rank stopped by a peer (an abort, a vanished process, a peer that never came)
+//! reads that peer's record, waiting briefly, and reports the root cause, naming the peer as the messenger.
 //!
-//! The write runs on a short-lived thread that the aborting rank waits for at most [`PUBLISH_WAIT`] (a store that
-//! is itself gone must not hold the abort up for long), and the readers wait at most [`FETCH_WAIT`] for it.
+//! A rank that times out first writes a *provisional* record (the ranks it waits for) before looking for records
+//! itself: a missing rank that leaves one was alive and stuck on a failure of its own (its communicator was waiting
+//! for a stopped rank, say), so a reader follows it one more hop to the rank really at fault instead of blaming
+//! the stuck survivor. Disagreements are recorded too (without aborting: the communicator stays usable), so ranks
+//! that see the disagreeing ranks exit afterwards report the disagreement.
+//!
+//! A communicator made alone has a domain of its own, keyed under `comm/<name>/failure`. A
+//! `ProcessGroupCollection` gives all its communicators one shared domain (through [`CommOptions`]), keyed under
+//! the collection: a rank whose communicator fails records the root cause once and aborts **every** communicator
+//! of the domain, so its peers in other groups stop too and find the same record. No global state: the domain is
+//! an object passed in; two collections in one process have two.
+//!
+//! Writes run on a short-lived thread the writer waits for at most [`PUBLISH_WAIT`] (a dead store must not hold
+//! an abort up); every read is bounded.
+//!
+//! [`CommOptions`]: crate::CommOptions
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use hypercomm_store::{Key, Store};
 
 use crate::CommError;
+use crate::communicator::Shared;
+use crate::error::{Call, Fault, RootCause};
 
-/// How long a failing rank waits for its failure record to reach the store before aborting anyway.
+/// How long a failing rank waits for its failure record to reach the store before going on anyway.
 pub(crate) const PUBLISH_WAIT: Duration = Duration::from_millis(500);
 
-/// How long a rank stopped by a peer's abort waits for that peer's failure record.
+/// How long a rank stopped by a peer's abort waits for that peer's failure record (written before the abort).
 pub(crate) const FETCH_WAIT: Duration = Duration::from_millis(1500);
 
-fn key(comm: &str, rank: usize) -> Key {
-    Key::new("comm").push(comm).push("failure").push(rank)
-}
-
-/// The ranks an error says were lost: dead or missing peers, or the ranks a peer's abort reported.
-pub(crate) fn lost_ranks(e: &CommError) -> Option<&[usize]> {
-    match e {
-        CommError::Timeout { missing, .. } => Some(missing),
-        CommError::PeerDied { ranks, .. } => Some(ranks),
-        CommError::AbortedByPeer { lost, .. } => Some(lost),
-        _ => None,
-    }
-}
-
-fn encode(lost: &[usize]) -> Vec<u8> {
-    lost.iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
-        .into_bytes()
-}
-
-fn decode(bytes: &[u8], size: usize) -> Vec<usize> {
-    String::from_utf8_lossy(bytes)
-        .split(',')
-        .filter_map(|s| s.trim().parse::<usize>().ok())
-        .filter(|&r| r < size)
-        .collect()
-}
-
-/// Records that `rank` of `comm` lost `lost` (an empty list means a deliberate abort), waiting at most
-/// [`PUBLISH_WAIT`] for the store: long enough for a live store, short enough that a dead one barely delays the
-/// abort. The write goes on in the background past that, in case the process lives on.
-pub(crate) fn publish(store: &Arc<dyn Store>, comm: &str, rank: usize, lost: &[usize]) {
-    let (store, key, value) = (Arc::clone(store), key(comm, rank), encode(lost));
-    let (done, written) = std::sync::mpsc::channel();
-    // A failure to start the thread or to write only costs the peers the detail; they still fail.
-    let spawned = std::thread::Builder::new()
-        .name("hypercomm-failure".into())
-        .spawn(move || {
-            let _ = store.set(&key, &value);
-            let _ = done.send(());
-        });
-    if spawned.is_ok() {
-        // Waiting matters: a process that exits right after its error would otherwise kill the write.
-        let _ = written.recv_timeout(PUBLISH_WAIT);
-    }
-}
-
-/// The ranks `by` reported lost before aborting `comm` (of `size` ranks); empty when it reported none in time.
-pub(crate) fn fetch(store: &dyn Store, comm: &str, by: usize, size: usize) -> Vec<usize> {
-    store
-        .get(&key(comm, by), FETCH_WAIT)
-        .map(|v| decode(&v, size))
-        .unwrap_or_default()
-}
-
-/// How long a rank that saw peers vanish waits, in all, for their failure records (see [`messenger`]).
+/// How long a rank that saw peers vanish waits, in all, for their failure records (written before they exited).
 pub(crate) const MESSENGER_WAIT: Duration = Duration::from_millis(1000);
 
-/// Of `gone`, the ranks of `comm` (of `size` ranks) whose processes or connections just vanished, the first that
-/// had published a failure record, with the ranks that record names: that peer did not die of its own accord, it
-/// aborted (and exited) because it lost those ranks, and publishes its record before it aborts. A rank that was
-/// itself killed publishes nothing. Waits at most [`MESSENGER_WAIT`] in all.
-pub(crate) fn messenger(
-    store: &dyn Store,
-    comm: &str,
-    gone: &[usize],
-    size: usize,
-) -> Option<(usize, Vec<usize>)> {
-    let deadline = std::time::Instant::now() + MESSENGER_WAIT;
-    for &peer in gone {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        // Each later peer still gets a moment: its record may have landed while we waited for an earlier one.
-        let wait = left.max(Duration::from_millis(20));
-        if let Ok(record) = store.get(&key(comm, peer), wait) {
-            let lost = decode(&record, size);
-            if !lost.is_empty() {
-                return Some((peer, lost));
-            }
+/// How long a rank that timed out waits for the records of the ranks it was waiting for: they time out on their
+/// own failure at about the same moment, give or take the skew between the ranks' waits.
+pub(crate) fn stuck_wait(timeout: Duration) -> Duration {
+    (timeout / 2).clamp(Duration::from_millis(250), Duration::from_secs(3))
+}
+
+/// Where failure records go and which communicators fall together: one per collection (shared by all its
+/// communicators), or one per communicator made alone.
+///
+/// ```
+/// use std::sync::Arc;
+/// use hypercomm_comm::{CommOptions, FailureDomain};
+/// use hypercomm_store::{Key, MemoryStore, Store};
+///
+/// // Communicators of one job step that should fail together, as rank 3 of the job.
+/// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+/// let domain = FailureDomain::new(Arc::clone(&store), Key::new("step").push("failures"), 3);
+/// let options = CommOptions { failure_domain: Some(domain), ..CommOptions::named("tp") };
+/// # let _ = options;
+/// ```
+pub struct FailureDomain {
+    store: Arc<dyn Store>,
+    prefix: Key,
+    me: usize,
+    /// What this rank has recorded so far.
+    own: Mutex<Option<Record>>,
+    /// The communicators that abort together.
+    comms: Mutex<Vec<Weak<Shared>>>,
+}
+
+impl std::fmt::Debug for FailureDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FailureDomain")
+            .field("prefix", &self.prefix)
+            .field("me", &self.me)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Domains compare by identity: two options are equal only when they share the same domain object.
+impl PartialEq for FailureDomain {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+/// A failure record: what one rank found, and how sure it is.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Record {
+    /// The rank timed out waiting for `cause.ranks` and is still looking for their records.
+    Provisional(RootCause),
+    /// The rank's resolved root cause.
+    Final(RootCause),
+    /// The rank gave up without a cause of its own to report (a deliberate abort, a local error).
+    NoCause,
+}
+
+/// What a rank's error turned out to be, after the peers' records.
+#[derive(Debug, PartialEq)]
+enum Resolution {
+    /// The ranks themselves are at fault (no record of theirs says otherwise).
+    Direct(Vec<usize>),
+    /// `by` recorded (or was stuck on) this root cause.
+    Recorded(usize, RootCause),
+    /// `by` gave up without a cause.
+    NoCause(usize),
+}
+
+/// The communicator a failure happened in, as the resolution needs it.
+pub(crate) struct Context<'a> {
+    pub comm: &'a str,
+    pub timeout: Duration,
+}
+
+impl FailureDomain {
+    /// A domain whose records live in `store` under `prefix`, for the rank whose member id is `me` (every
+    /// communicator put in it must be joined as `me`).
+    pub fn new(store: Arc<dyn Store>, prefix: Key, me: usize) -> Arc<FailureDomain> {
+        Arc::new(FailureDomain {
+            store,
+            prefix,
+            me,
+            own: Mutex::new(None),
+            comms: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The member id of this rank in the domain.
+    pub fn rank(&self) -> usize {
+        self.me
+    }
+
+    /// The root cause this rank recorded, once one of its communicators failed (or disagreed).
+    pub fn root_cause(&self) -> Option<RootCause> {
+        match lock(&self.own).as_ref() {
+            Some(Record::Final(c)) => Some(c.clone()),
+            _ => None,
         }
     }
-    None
+
+    fn key(&self, rank: usize) -> Key {
+        self.prefix.clone().push(rank)
+    }
+
+    pub(crate) fn register(&self, comm: &Arc<Shared>) {
+        let mut comms = lock(&self.comms);
+        comms.retain(|w| w.strong_count() > 0);
+        comms.push(Arc::downgrade(comm));
+    }
+
+    /// Writes `record` as this rank's, unless it already recorded something at least as definite: a root cause
+    /// is never replaced, except a disagreement by a fatal failure; a provisional record or a cause-less abort
+    /// yields to a root cause.
+    fn record(&self, record: Record) {
+        {
+            let mut own = lock(&self.own);
+            let replace = match (own.as_ref(), &record) {
+                (None, _) => true,
+                (Some(Record::Provisional(_)), Record::Final(_) | Record::NoCause) => true,
+                // A deliberate abort of one communicator does not hide a later failure of another.
+                (Some(Record::NoCause), Record::Final(_)) => true,
+                (Some(Record::Final(c)), Record::Final(n)) => {
+                    c.fault == Fault::Disagreed && n.fault != Fault::Disagreed
+                }
+                _ => false,
+            };
+            if !replace {
+                return;
+            }
+            *own = Some(record.clone());
+        }
+        self.publish(&record);
+    }
+
+    /// Writes this rank's record to the store, waiting at most [`PUBLISH_WAIT`]: long enough for a live store,
+    /// short enough that a dead one barely delays the abort. The write goes on in the background past that.
+    fn publish(&self, record: &Record) {
+        let (store, key, value) = (Arc::clone(&self.store), self.key(self.me), encode(record));
+        let (done, written) = std::sync::mpsc::channel();
+        // A failure to start the thread or to write only costs the peers the detail; they still fail.
+        let spawned = std::thread::Builder::new()
+            .name("hypercomm-failure".into())
+            .spawn(move || {
+                let _ = store.set(&key, &value);
+                let _ = done.send(());
+            });
+        if spawned.is_ok() {
+            // Waiting matters: a process that exits right after its error would otherwise kill the write.
+            let _ = written.recv_timeout(PUBLISH_WAIT);
+        }
+    }
+
+    fn read(&self, rank: usize, wait: Duration) -> Option<Record> {
+        self.store
+            .get(&self.key(rank), wait)
+            .ok()
+            .and_then(|v| decode(&v))
+    }
+
+    /// Records a deliberate abort (unless this rank already recorded something), so that peers stopped by it do
+    /// not wait for a cause.
+    pub(crate) fn record_abort(&self) {
+        self.record(Record::NoCause);
+    }
+
+    /// Reads the records of `start` (at most `wait` for this hop, the same again for a second hop through a
+    /// stuck rank) and says who is really at fault.
+    fn resolve(&self, start: &[usize], wait: Duration) -> Resolution {
+        let start: Vec<usize> = start.iter().copied().filter(|&r| r != self.me).collect();
+        let deadline = Instant::now() + wait;
+        let (mut direct, mut stuck, mut no_cause) = (Vec::new(), None, None);
+        for &r in &start {
+            // Each later rank still gets a moment: its record may have landed while we waited for an earlier one.
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(20));
+            match self.read(r, left) {
+                // A record that blames this (live) rank is the other end of a broken link between the two: it
+                // explains nothing here.
+                Some(Record::Final(c) | Record::Provisional(c)) if c.ranks.contains(&self.me) => {
+                    direct.push(r)
+                }
+                Some(Record::Final(c)) => return Resolution::Recorded(r, c),
+                Some(Record::Provisional(c)) => {
+                    stuck.get_or_insert((r, c));
+                }
+                Some(Record::NoCause) => {
+                    no_cause.get_or_insert(r);
+                }
+                None => direct.push(r),
+            }
+        }
+        if !direct.is_empty() {
+            return Resolution::Direct(direct);
+        }
+        if let Some((by, cause)) = stuck {
+            // `by` was alive and waiting for `cause.ranks`: follow one more hop.
+            let deadline = Instant::now() + wait;
+            let mut culprits = Vec::new();
+            for &r in cause
+                .ranks
+                .iter()
+                .filter(|&&r| r != self.me && !start.contains(&r))
+            {
+                let left = deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(20));
+                match self.read(r, left) {
+                    Some(Record::Final(c)) => return Resolution::Recorded(by, c),
+                    Some(_) => {}
+                    None => culprits.push(r),
+                }
+            }
+            if culprits.is_empty() {
+                culprits = cause.ranks.clone();
+            }
+            return Resolution::Recorded(
+                by,
+                RootCause {
+                    ranks: culprits,
+                    ..cause
+                },
+            );
+        }
+        match no_cause {
+            Some(by) => Resolution::NoCause(by),
+            None => Resolution::Direct(start),
+        }
+    }
+
+    /// Turns `error` (ranks already member ids) into what this rank reports: the root cause as the peers'
+    /// records tell it. Records this rank's own finding for the others; a fatal error also aborts every other
+    /// communicator of the domain (the caller aborts the failing one).
+    pub(crate) fn settle(&self, error: CommError, cx: &Context<'_>) -> CommError {
+        let own = |ranks: Vec<usize>, fault: Fault, detail: String| RootCause {
+            ranks,
+            fault,
+            comm: cx.comm.to_owned(),
+            seen_by: self.me,
+            detail,
+        };
+        let error = match error {
+            CommError::Mismatch {
+                comm,
+                members,
+                culprits,
+                calls,
+            } => {
+                let detail = describe(&calls);
+                self.record(Record::Final(own(
+                    culprits.clone(),
+                    Fault::Disagreed,
+                    detail,
+                )));
+                return CommError::Mismatch {
+                    comm,
+                    members,
+                    culprits,
+                    calls,
+                };
+            }
+            CommError::Timeout {
+                comm,
+                members,
+                missing,
+                after,
+                during,
+                cause: None,
+            } => {
+                // Say at once that this rank is alive and stuck, then look for the missing ranks' records.
+                self.record(Record::Provisional(own(
+                    missing.clone(),
+                    Fault::Missing,
+                    during.clone(),
+                )));
+                let (cause, recorded) = match self.resolve(&missing, stuck_wait(cx.timeout)) {
+                    Resolution::Recorded(_, c) => (Some(Box::new(c.clone())), c),
+                    Resolution::Direct(d) if d != missing => {
+                        let c = own(d, Fault::Missing, during.clone());
+                        (Some(Box::new(c.clone())), c)
+                    }
+                    _ => (None, own(missing.clone(), Fault::Missing, during.clone())),
+                };
+                self.record(Record::Final(recorded));
+                CommError::Timeout {
+                    comm,
+                    members,
+                    missing,
+                    after,
+                    during,
+                    cause,
+                }
+            }
+            CommError::PeerDied {
+                comm,
+                members,
+                ranks,
+                during,
+            } => match self.resolve(&ranks, MESSENGER_WAIT) {
+                Resolution::Recorded(by, c) => {
+                    self.record(Record::Final(c.clone()));
+                    aborted(comm, members, by, during, Some(c))
+                }
+                Resolution::NoCause(by) => {
+                    self.record(Record::NoCause);
+                    aborted(comm, members, by, during, None)
+                }
+                Resolution::Direct(_) => {
+                    self.record(Record::Final(own(
+                        ranks.clone(),
+                        Fault::Died,
+                        during.clone(),
+                    )));
+                    CommError::PeerDied {
+                        comm,
+                        members,
+                        ranks,
+                        during,
+                    }
+                }
+            },
+            CommError::AbortedByPeer {
+                comm,
+                members,
+                by,
+                during,
+                cause: None,
+                ..
+            } => match self.resolve(&[by], FETCH_WAIT) {
+                Resolution::Recorded(m, c) => {
+                    self.record(Record::Final(c.clone()));
+                    aborted(comm, members, m, during, Some(c))
+                }
+                _ => {
+                    self.record(Record::NoCause);
+                    aborted(comm, members, by, during, None)
+                }
+            },
+            other if other.is_fatal() => {
+                self.record(Record::NoCause);
+                other
+            }
+            other => return other,
+        };
+        self.abort_all(&error);
+        error
+    }
+
+    /// Aborts every communicator of the domain that is not broken yet, with `error` as their cause.
+    fn abort_all(&self, error: &CommError) {
+        let comms: Vec<Arc<Shared>> = lock(&self.comms).iter().filter_map(Weak::upgrade).collect();
+        if comms.len() <= 1 {
+            return;
+        }
+        let cause = format!("another communicator of this rank failed: {error}");
+        for comm in comms {
+            comm.abort_with(&cause);
+        }
+    }
+}
+
+fn aborted(
+    comm: String,
+    members: Vec<usize>,
+    by: usize,
+    during: String,
+    cause: Option<RootCause>,
+) -> CommError {
+    let lost = cause
+        .as_ref()
+        .filter(|c| c.fault != Fault::Disagreed)
+        .map_or_else(Vec::new, |c| c.ranks.clone());
+    CommError::AbortedByPeer {
+        comm,
+        members,
+        by,
+        during,
+        lost,
+        cause: cause.map(Box::new),
+    }
+}
+
+fn describe(calls: &[Call]) -> String {
+    calls
+        .iter()
+        .map(|c| format!("rank(s) {:?} called {}", c.ranks, c.call))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every critical section here is a single assignment or read; a poisoned lock holds a consistent value.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Maps `error`'s ranks from positions within the communicator to member ids (`members[position]`) and fills in
+/// the members. Errors that already carry their members are left alone.
+pub(crate) fn to_members(error: CommError, members: &[usize]) -> CommError {
+    let id = |p: usize| members.get(p).copied().unwrap_or(p);
+    let ids = |ps: Vec<usize>| ps.into_iter().map(id).collect::<Vec<_>>();
+    match error {
+        CommError::Timeout {
+            comm,
+            members: m,
+            missing,
+            after,
+            during,
+            cause,
+        } if m.is_empty() => CommError::Timeout {
+            comm,
+            members: members.to_vec(),
+            missing: ids(missing),
+            after,
+            during,
+            cause,
+        },
+        CommError::PeerDied {
+            comm,
+            members: m,
+            ranks,
+            during,
+        } if m.is_empty() => CommError::PeerDied {
+            comm,
+            members: members.to_vec(),
+            ranks: ids(ranks),
+            during,
+        },
+        CommError::AbortedByPeer {
+            comm,
+            members: m,
+            by,
+            during,
+            lost,
+            cause,
+        } if m.is_empty() => CommError::AbortedByPeer {
+            comm,
+            members: members.to_vec(),
+            by: id(by),
+            during,
+            lost: ids(lost),
+            cause,
+        },
+        CommError::Mismatch {
+            comm,
+            members: m,
+            calls,
+            ..
+        } if m.is_empty() => {
+            let calls = calls
+                .into_iter()
+                .map(|c| Call {
+                    ranks: ids(c.ranks),
+                    call: c.call,
+                })
+                .collect();
+            CommError::mismatch(&comm, members.to_vec(), calls)
+        }
+        other => other,
+    }
+}
+
+fn encode(record: &Record) -> Vec<u8> {
+    let (state, cause) = match record {
+        Record::Provisional(c) => ("provisional", Some(c)),
+        Record::Final(c) => ("final", Some(c)),
+        Record::NoCause => ("none", None),
+    };
+    let Some(c) = cause else {
+        return state.as_bytes().to_vec();
+    };
+    let ranks: Vec<String> = c.ranks.iter().map(usize::to_string).collect();
+    format!(
+        "{state}\n{}\n{}\n{}\n{}\n{}",
+        c.fault.name(),
+        ranks.join(","),
+        c.seen_by,
+        c.comm.replace('\n', " "),
+        c.detail
+    )
+    .into_bytes()
+}
+
+/// Parses a record; `None` for anything malformed (a foreign or corrupted value is no evidence).
+fn decode(bytes: &[u8]) -> Option<Record> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut lines = text.splitn(6, '\n');
+    let state = lines.next()?;
+    if state == "none" {
+        return Some(Record::NoCause);
+    }
+    let fault = match lines.next()? {
+        "died" => Fault::Died,
+        "missing" => Fault::Missing,
+        "disagreed" => Fault::Disagreed,
+        _ => return None,
+    };
+    let ranks = lines
+        .next()?
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>().ok())
+        .collect::<Option<Vec<_>>>()?;
+    let cause = RootCause {
+        ranks,
+        fault,
+        seen_by: lines.next()?.parse().ok()?,
+        comm: lines.next()?.to_owned(),
+        detail: lines.next().unwrap_or("").to_owned(),
+    };
+    match state {
+        "provisional" => Some(Record::Provisional(cause)),
+        "final" => Some(Record::Final(cause)),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -112,34 +563,124 @@ mod tests {
     use super::*;
     use hypercomm_store::MemoryStore;
 
+    fn domain(store: &Arc<dyn Store>, me: usize) -> Arc<FailureDomain> {
+        FailureDomain::new(Arc::clone(store), Key::new("d"), me)
+    }
+
+    fn cause(ranks: Vec<usize>, fault: Fault, seen_by: usize) -> RootCause {
+        RootCause {
+            ranks,
+            fault,
+            comm: "c/1".into(),
+            seen_by,
+            detail: "all_reduce(#2)\nsecond line".into(),
+        }
+    }
+
     #[test]
-    fn a_published_list_is_fetched_and_junk_is_dropped() {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        publish(&store, "c", 1, &[2, 5]);
-        assert_eq!(fetch(store.as_ref(), "c", 1, 8), vec![2, 5]);
-        // Out-of-range and malformed entries never become rank numbers.
-        store.set(&key("c", 3), b"1,x,99,,4").unwrap();
-        assert_eq!(fetch(store.as_ref(), "c", 3, 8), vec![1, 4]);
-        // Nothing published: empty, after the bounded wait.
-        assert_eq!(fetch(store.as_ref(), "c", 0, 8), Vec::<usize>::new());
+    fn records_round_trip_and_junk_is_no_record() {
+        for r in [
+            Record::Final(cause(vec![2, 5], Fault::Died, 1)),
+            Record::Provisional(cause(vec![0], Fault::Missing, 3)),
+            Record::Final(cause(vec![], Fault::Disagreed, 0)),
+            Record::NoCause,
+        ] {
+            assert_eq!(decode(&encode(&r)), Some(r));
+        }
+        for junk in [
+            &b"final\nexploded\n1\n0\nc\nd"[..],
+            b"final\ndied\n1,x\n0\nc",
+            b"",
+            b"what",
+        ] {
+            assert_eq!(decode(junk), None, "{junk:?}");
+        }
     }
 
     #[test]
     fn a_vanished_peer_with_a_record_was_the_messenger() {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        // Rank 0 lost rank 3, published that, aborted and exited; rank 1 was killed and published nothing.
-        publish(&store, "c", 0, &[3]);
+        // Rank 0 lost rank 3, recorded that and exited; rank 1 was killed and recorded nothing.
+        domain(&store, 0).record(Record::Final(cause(vec![3], Fault::Died, 0)));
+        let two = domain(&store, 2);
         assert_eq!(
-            messenger(store.as_ref(), "c", &[1, 0], 4),
-            Some((0, vec![3]))
+            two.resolve(&[1, 0], Duration::from_millis(100)),
+            Resolution::Recorded(0, cause(vec![3], Fault::Died, 0))
         );
         assert_eq!(
-            messenger(store.as_ref(), "c", &[1], 4),
-            None,
+            two.resolve(&[1], Duration::from_millis(50)),
+            Resolution::Direct(vec![1]),
             "a killed rank leaves no record"
         );
-        // A deliberate abort (an empty record) names no culprit.
-        publish(&store, "c", 2, &[]);
-        assert_eq!(messenger(store.as_ref(), "c", &[2], 4), None);
+        // A deliberate abort names no culprit.
+        domain(&store, 4).record_abort();
+        assert_eq!(
+            two.resolve(&[4], Duration::from_millis(50)),
+            Resolution::NoCause(4)
+        );
+    }
+
+    #[test]
+    fn a_record_blaming_the_reader_is_no_explanation() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        // The link 0-1 broke: rank 1 recorded rank 0 as dead. Rank 0, alive, sees rank 1 vanish: rank 1 is its
+        // culprit, not itself.
+        domain(&store, 1).record(Record::Final(cause(vec![0], Fault::Died, 1)));
+        assert_eq!(
+            domain(&store, 0).resolve(&[1], Duration::from_millis(50)),
+            Resolution::Direct(vec![1])
+        );
+    }
+
+    #[test]
+    fn a_stuck_peer_is_followed_to_the_rank_it_waited_for() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        // Rank 3 timed out waiting for rank 2 (stopped: no record); rank 1 timed out waiting for rank 3.
+        domain(&store, 3).record(Record::Provisional(cause(vec![2], Fault::Missing, 3)));
+        let one = domain(&store, 1);
+        assert_eq!(
+            one.resolve(&[3], Duration::from_millis(50)),
+            Resolution::Recorded(3, cause(vec![2], Fault::Missing, 3))
+        );
+        // Once rank 2's own record says it was stuck on rank 0's death, that is the cause.
+        domain(&store, 2).record(Record::Final(cause(vec![0], Fault::Died, 2)));
+        assert_eq!(
+            one.resolve(&[3], Duration::from_millis(50)),
+            Resolution::Recorded(3, cause(vec![0], Fault::Died, 2))
+        );
+    }
+
+    #[test]
+    fn a_final_record_is_kept_but_a_disagreement_yields_to_a_fatal_cause() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let d = domain(&store, 0);
+        d.record(Record::Provisional(cause(vec![1], Fault::Missing, 0)));
+        assert_eq!(d.root_cause(), None);
+        d.record(Record::Final(cause(vec![1], Fault::Disagreed, 0)));
+        d.record(Record::Final(cause(vec![2], Fault::Died, 0)));
+        d.record(Record::Final(cause(vec![3], Fault::Died, 0)));
+        d.record_abort();
+        assert_eq!(d.root_cause(), Some(cause(vec![2], Fault::Died, 0)));
+        // A deliberate abort first, a failure later: the failure is the record.
+        let e = domain(&store, 7);
+        e.record_abort();
+        e.record(Record::Final(cause(vec![4], Fault::Missing, 7)));
+        assert_eq!(e.root_cause(), Some(cause(vec![4], Fault::Missing, 7)));
+        assert_eq!(
+            domain(&store, 5).read(0, Duration::from_millis(50)),
+            Some(Record::Final(cause(vec![2], Fault::Died, 0)))
+        );
+    }
+
+    #[test]
+    fn positions_become_member_ids() {
+        let e = to_members(CommError::peer_died("dp/0", vec![1], "all_reduce"), &[0, 2]);
+        assert_eq!(e.lost_ranks(), [2]);
+        assert_eq!(
+            e.to_string(),
+            "communicator dp/0 (members [0, 2]): rank(s) [2] died (in all_reduce)"
+        );
+        // Already converted: left alone.
+        assert_eq!(to_members(e, &[7, 9]).lost_ranks(), [2]);
     }
 }

@@ -8,8 +8,11 @@
 //! 3. Issue collectives. Each takes its buffers by value and returns a [`Work`] handle whose
 //!    [`wait`](Work::wait) gives them back; several may be in flight and they complete in issue order.
 //! 4. On failure, a dead or stalled rank makes every other rank's operations fail within the timeout with an error
-//!    naming the communicator and the missing ranks; the communicator is then broken and
-//!    [`Communicator::abort`] releases it.
+//!    naming the communicator, its members and the missing ranks, all as member ids (the ids passed to
+//!    [`Communicator::new`]); the communicator is then broken and [`Communicator::abort`] releases it. Ranks stopped
+//!    by the news (a peer's abort, a peer that exited after its own error) report the root cause that peer
+//!    recorded ([`CommError::lost_ranks`], [`CommError::root_cause`]); communicators that share a
+//!    [`FailureDomain`] record one root cause per rank and abort together.
 //!
 //! The host backend runs on CPU memory: shared memory on one machine, TCP across machines. See `backends/host`.
 //! The NCCL backend runs on GPU memory; its face is [`device`], and [`device::ProcessGroup`] routes each
@@ -36,7 +39,8 @@ mod work;
 
 pub use communicator::{Communicator, InOut};
 pub use element::{DType, Element, ReduceOp, as_bytes, as_bytes_mut};
-pub use error::CommError;
+pub use error::{Call, CommError, Fault, RootCause};
+pub use failure::FailureDomain;
 pub use nccl_options::NcclOptions;
 pub use options::{Algorithm, BackendKind, CommOptions};
 pub use work::Work;

@@ -1,8 +1,9 @@
 //! [`CommOptions`]: how a communicator is set up, including the NCCL knobs other backends must honour or reject.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{CommError, NcclOptions};
+use crate::{CommError, FailureDomain, NcclOptions};
 
 /// Which backend runs a communicator's collectives. Named once, at construction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -66,6 +67,10 @@ pub struct CommOptions {
     pub scratch_bytes: Option<usize>,
     /// NCCL's knobs: honoured by the NCCL backend, refused by the host backend when set.
     pub nccl: NcclOptions,
+    /// Host backend: where the communicator records failures and which communicators fail with it (see
+    /// [`FailureDomain`]). Unset: a domain of its own, keyed under `comm/<name>/failure` in its store. A
+    /// `ProcessGroupCollection` sets one domain for all its communicators.
+    pub failure_domain: Option<Arc<FailureDomain>>,
 }
 
 impl Default for CommOptions {
@@ -85,6 +90,7 @@ impl CommOptions {
             algorithm: Algorithm::Auto,
             scratch_bytes: None,
             nccl: NcclOptions::default(),
+            failure_domain: None,
         }
     }
 

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use hypercomm_store::{Key, StoreError};
 
+use crate::error::Call;
 use crate::options::BackendKind;
 use crate::{CommError, CommOptions, Communicator};
 
@@ -103,7 +104,9 @@ impl Communicator {
             comm: child.to_owned(),
             source,
         };
-        let encoded = format!("{excluded:?}");
+        // As member ids, so that a disagreement names what the callers meant.
+        let ids: Vec<usize> = excluded.iter().map(|&r| self.ranks()[r]).collect();
+        let encoded = format!("{ids:?}");
         let store = self.store().as_ref();
         store
             .set(&key(self.rank()), encoded.as_bytes())
@@ -112,38 +115,41 @@ impl Communicator {
         match store.wait(&keys, options.timeout) {
             Ok(()) => {}
             Err(StoreError::Timeout { missing, after }) => {
-                let missing_parent: Vec<usize> = survivors
+                let ids: Vec<usize> = survivors
                     .iter()
-                    .copied()
-                    .filter(|&r| missing.contains(&key(r)))
+                    .filter(|&&r| missing.contains(&key(r)))
+                    .map(|&r| self.ranks()[r])
                     .collect();
                 return Err(CommError::Timeout {
                     comm: child.to_owned(),
-                    missing: missing_parent
-                        .iter()
-                        .filter_map(|r| survivors.iter().position(|s| s == r))
-                        .collect(),
+                    members: survivors.iter().map(|&r| self.ranks()[r]).collect(),
+                    missing: ids.clone(),
                     after,
                     during: format!(
-                        "shrink of {}: parent rank(s) {missing_parent:?} never called shrink",
+                        "shrink of {}: rank(s) {ids:?} never called shrink",
                         self.name()
                     ),
+                    cause: None,
                 });
             }
             Err(e) => return Err(store_err(e)),
         }
+        // Every survivor's list, grouped: the sides of a disagreement, in member ids.
+        let mut sides: Vec<Call> = Vec::new();
         for &r in survivors {
             let theirs = store.get(&key(r), options.timeout).map_err(store_err)?;
-            if theirs != encoded.as_bytes() {
-                return Err(CommError::Mismatch {
-                    comm: child.to_owned(),
-                    detail: format!(
-                        "parent rank {r} excludes {} but parent rank {} excludes {encoded}",
-                        String::from_utf8_lossy(&theirs),
-                        self.rank()
-                    ),
-                });
+            let call = format!("shrink excluding {}", String::from_utf8_lossy(&theirs));
+            match sides.iter_mut().find(|c| c.call == call) {
+                Some(side) => side.ranks.push(self.ranks()[r]),
+                None => sides.push(Call {
+                    ranks: vec![self.ranks()[r]],
+                    call,
+                }),
             }
+        }
+        if sides.len() > 1 {
+            let members = survivors.iter().map(|&r| self.ranks()[r]).collect();
+            return Err(CommError::mismatch(child, members, sides));
         }
         Ok(())
     }
@@ -239,15 +245,20 @@ mod tests {
             let exclude: &[usize] = if comm.rank() == 0 { &[2] } else { &[] };
             comm.shrink(exclude)
                 .map(|c| c.size())
-                .map_err(|e| e.to_string())
+                .map_err(|e| (e.to_string(), e.culprits().to_vec()))
         });
-        for r in &results {
-            let e = r.as_ref().unwrap_err();
+        for (r, res) in results.iter().enumerate() {
+            let (e, culprits) = res.as_ref().unwrap_err();
             assert!(e.contains("dis/shrink0"), "{e}");
             assert!(
-                e.contains("ranks disagree") && e.contains("excludes"),
+                e.contains("ranks disagree") && e.contains("shrink excluding [2]"),
                 "{e}"
             );
+            // Ranks 1 and 2 see all three lists: the majority excludes nobody, so rank 0 is to blame. Rank 0 sees
+            // only its own survivors' lists (0 and 1), a tie settled for the lowest member.
+            if r > 0 {
+                assert_eq!(culprits, &vec![0], "{e}");
+            }
         }
     }
 
@@ -297,8 +308,7 @@ mod tests {
                 other => panic!("expected a timeout, got {other}"),
             }
             assert!(
-                e.to_string()
-                    .contains("parent rank(s) [2] never called shrink"),
+                e.to_string().contains("rank(s) [2] never called shrink"),
                 "{e}"
             );
         }

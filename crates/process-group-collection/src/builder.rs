@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use hypercomm_comm::device::{DeviceCommunicator, Gpu, ProcessGroup};
-use hypercomm_comm::{BackendKind, CommOptions, Communicator};
+use hypercomm_comm::{BackendKind, CommOptions, Communicator, FailureDomain};
 use hypercomm_grid::layout::ParallelLayout;
 use hypercomm_grid::{DimSet, Grid};
-use hypercomm_store::Store;
+use hypercomm_store::{Key, Store};
 
 use crate::collection::{Entry, ProcessGroupCollection, WORLD};
 use crate::plan::{CustomGroups, Slot, Topology};
@@ -203,7 +203,19 @@ impl CollectionBuilder {
         rank: usize,
         store: Arc<dyn Store>,
     ) -> Result<ProcessGroupCollection, CollectionError> {
-        let entries = self.prepare(rank)?;
+        let mut entries = self.prepare(rank)?;
+        // One failure domain for every communicator of the collection on this rank: a failure in one records its
+        // root cause under the collection's key and aborts them all (see `FailureDomain`).
+        let domain = FailureDomain::new(
+            Arc::clone(&store),
+            Key::new("collection")
+                .push(self.name.as_str())
+                .push("failures"),
+            rank,
+        );
+        for entry in &mut entries {
+            entry.host.failure_domain = Some(Arc::clone(&domain));
+        }
         let collection = ProcessGroupCollection {
             name: self.name,
             rank,

@@ -12,8 +12,12 @@
 //!    ([`CollectionBuilder::build_by_split`]: one split per group slot).
 //! 4. Use the communicators through typed accessors (`tp()`, `dp_cp()`, `dp_cp_ag()`, `hcp(level)`, ...) or
 //!    [`ProcessGroupCollection::get`]. Asking for a group the collection lacks says why.
-//! 5. After losing ranks, [`ShrunkLayout::without_replicas_of`] drops the data-parallel replicas that held them and
-//!    says where every surviving rank lands in the smaller layout; build a new collection over it.
+//! 5. On a failure, every communicator of the collection on this rank is aborted and the root cause recorded in the
+//!    collection's failure domain, so every rank, whichever group it meets the failure in, names the same culprit
+//!    by world rank ([`CommError::lost_ranks`](hypercomm_comm::CommError::lost_ranks),
+//!    [`CollectionError::lost_ranks`]). After losing ranks, [`ShrunkLayout::without_replicas_of`] drops the
+//!    data-parallel replicas that held them and says where every surviving rank lands in the smaller layout; build
+//!    a new collection over it.
 //!
 //! Each rank computes only its own groups with `group_of`, and its bootstrap costs the store a constant number of
 //! requests per group, so its work grows with the number of groups it is in, not with the world ([`cost`]

@@ -1,14 +1,13 @@
 //! The progress thread's side of a [`Communicator`](super::Communicator): the jobs it runs in issue order, and
-//! the [`Engine`] that runs them on the backend, turning the first fatal error into a broken communicator (with
-//! its cause published for the peers) and naming the rank really lost when a messenger vanished.
+//! the [`Engine`] that runs them on the backend, turning backend errors (ranks as positions) into member ids, and
+//! the first fatal one into a broken communicator, its root cause settled through the failure domain.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-
-use hypercomm_store::Store;
+use std::time::Duration;
 
 use crate::CommError;
 use crate::backend::Backend;
-use crate::failure;
+use crate::failure::{self, Context, FailureDomain};
 
 /// One operation for the progress thread.
 pub(super) type Job = Box<dyn FnOnce(&mut Engine) + Send>;
@@ -18,9 +17,10 @@ pub(super) struct Engine {
     pub(super) backend: Box<dyn Backend>,
     pub(super) broken: Arc<Mutex<Option<String>>>,
     pub(super) comm: String,
-    pub(super) store: Arc<dyn Store>,
-    pub(super) rank: usize,
-    pub(super) size: usize,
+    pub(super) domain: Arc<FailureDomain>,
+    /// The member ids, by position.
+    pub(super) members: Vec<usize>,
+    pub(super) timeout: Duration,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -39,37 +39,23 @@ impl Engine {
                 cause,
             });
         }
-        let mut result = f(self.backend.as_mut());
-        if let Err(CommError::AbortedByPeer { by, lost, .. }) = &mut result
-            && lost.is_empty()
-        {
-            *lost = failure::fetch(self.store.as_ref(), &self.comm, *by, self.size);
-        }
-        // A peer that vanished may have been the messenger: it lost another rank, published that, aborted and
-        // exited before its abort reached us. Name the rank it lost, not the messenger.
-        if let Err(CommError::PeerDied {
-            comm,
-            ranks,
-            during,
-        }) = &result
-            && let Some((by, lost)) =
-                failure::messenger(self.store.as_ref(), &self.comm, ranks, self.size)
-        {
-            result = Err(CommError::AbortedByPeer {
-                comm: comm.clone(),
-                by,
-                during: during.clone(),
-                lost,
-            });
-        }
-        if let Err(e) = &result
-            && e.is_fatal()
-        {
-            *lock(&self.broken) = Some(e.to_string());
-            let lost = failure::lost_ranks(e).unwrap_or(&[]);
-            failure::publish(&self.store, &self.comm, self.rank, lost);
-            self.backend.abort();
-        }
-        result
+        f(self.backend.as_mut()).map_err(|e| {
+            let e = failure::to_members(e, &self.members);
+            let fatal = e.is_fatal();
+            if fatal {
+                // Broken first, so that the domain's abort of its other communicators passes this one by.
+                *lock(&self.broken) = Some(e.to_string());
+            }
+            let cx = Context {
+                comm: &self.comm,
+                timeout: self.timeout,
+            };
+            let e = self.domain.settle(e, &cx);
+            if fatal {
+                *lock(&self.broken) = Some(e.to_string());
+                self.backend.abort();
+            }
+            e
+        })
     }
 }

@@ -20,7 +20,7 @@ use hypercomm_store::Store;
 use crate::CommError;
 use crate::backend::Backend;
 use crate::backends::host::HostBackend;
-use crate::failure;
+use crate::failure::{self, Context, FailureDomain};
 use crate::options::{BackendKind, CommOptions};
 use crate::work::{Work, pair};
 
@@ -62,11 +62,35 @@ pub struct Communicator {
     options: CommOptions,
     store: Arc<dyn Store>,
     transport: &'static str,
-    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    shared: Arc<Shared>,
+    domain: Arc<FailureDomain>,
     progress: Mutex<Option<JoinHandle<()>>>,
-    broken: Arc<Mutex<Option<String>>>,
     splits: AtomicU64,
     shrinks: AtomicU64,
+}
+
+/// What a communicator shares with its [`FailureDomain`]: enough to abort it from another communicator's
+/// progress thread.
+pub(crate) struct Shared {
+    broken: Arc<Mutex<Option<String>>>,
+    queue: Mutex<Option<mpsc::Sender<Job>>>,
+}
+
+impl Shared {
+    /// Marks the communicator broken with `cause` and tells its peers, unless it is broken already (then it has
+    /// told them itself). Queued operations fail fast; one in flight ends on its own (its peers stop it).
+    pub(crate) fn abort_with(&self, cause: &str) {
+        {
+            let mut broken = lock(&self.broken);
+            if broken.is_some() {
+                return;
+            }
+            *broken = Some(cause.to_owned());
+        }
+        if let Some(sender) = lock(&self.queue).take() {
+            let _ = sender.send(Box::new(|engine: &mut Engine| engine.backend.abort()));
+        }
+    }
 }
 
 impl std::fmt::Debug for Communicator {
@@ -95,13 +119,34 @@ impl Communicator {
     ) -> Result<Communicator, CommError> {
         options.validate_for(kind)?;
         let rank = crate::checks::member_position(&options.name, &ranks, me)?;
+        let domain = match &options.failure_domain {
+            Some(d) if d.rank() != me => {
+                return Err(crate::checks::invalid(
+                    &options.name,
+                    format!(
+                        "joined as rank {me} but its failure domain belongs to rank {}",
+                        d.rank()
+                    ),
+                ));
+            }
+            Some(d) => Arc::clone(d),
+            None => FailureDomain::new(
+                Arc::clone(&store),
+                hypercomm_store::Key::new("comm")
+                    .push(options.name.as_str())
+                    .push("failure"),
+                me,
+            ),
+        };
+        let cx = Context {
+            comm: &options.name,
+            timeout: options.timeout,
+        };
         let backend: Box<dyn Backend> = match kind {
-            BackendKind::Host => Box::new(HostBackend::connect(
-                store.as_ref(),
-                ranks.len(),
-                rank,
-                &options,
-            )?),
+            BackendKind::Host => Box::new(
+                HostBackend::connect(store.as_ref(), ranks.len(), rank, &options)
+                    .map_err(|e| domain.settle(failure::to_members(e, &ranks), &cx))?,
+            ),
         };
         let transport = backend.transport_name();
         let broken = Arc::new(Mutex::new(None));
@@ -109,9 +154,9 @@ impl Communicator {
             backend,
             broken: Arc::clone(&broken),
             comm: options.name.clone(),
-            store: Arc::clone(&store),
-            rank,
-            size: ranks.len(),
+            domain: Arc::clone(&domain),
+            members: ranks.clone(),
+            timeout: options.timeout,
         };
         let (tx, rx) = mpsc::channel::<Job>();
         let progress = std::thread::Builder::new()
@@ -126,6 +171,11 @@ impl Communicator {
                 what: "starting the progress thread".into(),
                 source,
             })?;
+        let shared = Arc::new(Shared {
+            broken,
+            queue: Mutex::new(Some(tx)),
+        });
+        domain.register(&shared);
         Ok(Communicator {
             name: options.name.clone(),
             rank,
@@ -134,9 +184,9 @@ impl Communicator {
             options,
             store,
             transport,
-            queue: Mutex::new(Some(tx)),
+            shared,
+            domain,
             progress: Mutex::new(Some(progress)),
-            broken,
             splits: AtomicU64::new(0),
             shrinks: AtomicU64::new(0),
         })
@@ -200,7 +250,41 @@ impl Communicator {
 
     /// The first fatal error, if the communicator is broken.
     pub fn broken(&self) -> Option<String> {
-        lock(&self.broken).clone()
+        lock(&self.shared.broken).clone()
+    }
+
+    /// The member ids of this communicator's ranks at `positions` (ranks within it, as `shrink` takes them).
+    ///
+    /// Fails naming the first position that is not a rank of this communicator.
+    pub fn ids_of(&self, positions: &[usize]) -> Result<Vec<usize>, CommError> {
+        positions
+            .iter()
+            .map(|&p| {
+                self.ranks.get(p).copied().ok_or_else(|| {
+                    self.invalid(format!(
+                        "{p} is not a rank of this {}-rank communicator",
+                        self.size()
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// The positions within this communicator (ranks as `shrink` takes them) of the member ids `ids`, such as the
+    /// world ranks of [`CommError::lost_ranks`]. Fails naming the first id that is not a member.
+    pub fn positions_of(&self, ids: &[usize]) -> Result<Vec<usize>, CommError> {
+        ids.iter()
+            .map(|&id| {
+                self.ranks.iter().position(|&m| m == id).ok_or_else(|| {
+                    self.invalid(format!("rank {id} is not a member of {:?}", self.ranks))
+                })
+            })
+            .collect()
+    }
+
+    /// The failure domain the communicator reports to: the one in its options, or its own.
+    pub fn failure_domain(&self) -> &Arc<FailureDomain> {
+        &self.domain
     }
 
     fn invalid(&self, what: String) -> CommError {
@@ -237,7 +321,7 @@ impl Communicator {
         }
         let (work, done) = pair(&self.name);
         let job: Job = Box::new(move |engine: &mut Engine| done.complete(engine.execute(f)));
-        let queue = lock(&self.queue);
+        let queue = lock(&self.shared.queue);
         let sender = queue.as_ref().ok_or_else(|| CommError::Broken {
             comm: self.name.clone(),
             cause: "the communicator was aborted".into(),
@@ -296,13 +380,14 @@ impl Communicator {
     /// dropped). Every later operation fails with [`CommError::Broken`]. Takes `&self`, as the device
     /// communicator's does, so a communicator shared (say, by a collection) can be aborted.
     pub fn abort(&self) {
-        let first = lock(&self.broken).is_none();
-        lock(&self.broken).get_or_insert_with(|| "aborted by this rank".to_owned());
+        let first = lock(&self.shared.broken).is_none();
+        lock(&self.shared.broken).get_or_insert_with(|| "aborted by this rank".to_owned());
         if first {
-            // A deliberate abort loses no rank; saying so spares the peers the wait for a failure record.
-            failure::publish(&self.store, &self.name, self.rank, &[]);
+            // A deliberate abort loses no rank; saying so spares the peers the wait for a failure record (unless
+            // this rank already recorded a failure in its domain, which stays its record).
+            self.domain.record_abort();
         }
-        if let Some(sender) = lock(&self.queue).take() {
+        if let Some(sender) = lock(&self.shared.queue).take() {
             let _ = sender.send(Box::new(|engine: &mut Engine| engine.backend.abort()));
         }
         // Drop joins the progress thread.
@@ -312,7 +397,7 @@ impl Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         // Closing the queue ends the progress thread after the operations already issued.
-        drop(lock(&self.queue).take());
+        drop(lock(&self.shared.queue).take());
         if let Some(handle) = lock(&self.progress).take() {
             let _ = handle.join();
         }

@@ -24,6 +24,7 @@ use super::header::{Header, OpKind};
 use super::transport::{Consume, Peers, Round, Seg, Transport};
 use crate::CommError;
 use crate::element::{DType, ReduceOp};
+use crate::error::Call;
 use crate::options::Algorithm;
 use crate::reduce::{ReduceFault, Src, reduce};
 
@@ -540,12 +541,22 @@ pub(crate) fn all_to_all_v(
         for b in 0..n {
             let (sent, expected) = (matrix[a][b], matrix[b][n + a]);
             if sent != expected {
-                return Err(CommError::Mismatch {
-                    comm: cx.comm.to_owned(),
-                    detail: format!(
-                        "all_to_all_v: rank {a} sends {sent} elements to rank {b}, which expects {expected}"
-                    ),
-                });
+                return Err(CommError::mismatch(
+                    cx.comm,
+                    Vec::new(),
+                    vec![
+                        Call {
+                            ranks: vec![a],
+                            call: format!("all_to_all_v sending {sent} elements to rank {b}"),
+                        },
+                        Call {
+                            ranks: vec![b],
+                            call: format!(
+                                "all_to_all_v expecting {expected} elements from rank {a}"
+                            ),
+                        },
+                    ],
+                ));
             }
         }
     }

@@ -56,12 +56,12 @@ fn get_or_name_missing(
 ) -> Result<Vec<u8>, CommError> {
     match store.get(key, options.timeout) {
         Ok(value) => Ok(value),
-        Err(StoreError::Timeout { .. }) => Err(CommError::Timeout {
-            comm: options.name.clone(),
-            missing: missing(),
-            after: options.timeout,
-            during: during.to_owned(),
-        }),
+        Err(StoreError::Timeout { .. }) => Err(CommError::timeout(
+            &options.name,
+            missing(),
+            options.timeout,
+            during,
+        )),
         Err(source) => Err(store_err(&options.name)(source)),
     }
 }
@@ -215,13 +215,14 @@ pub(crate) fn connect(
     };
 
     // 3: arrivals, and the decision by whoever completes them. `arrived/<rank>` is read only when the decision
-    // never comes, to name the ranks that did not arrive.
-    store
-        .set(&key(name, "arrived").push(me), b"")
-        .map_err(store_err(name))?;
+    // never comes, to name the ranks that did not arrive; it is written after counting in, so that a rank that
+    // dies between the two is named too.
     let weight = if local { 1 } else { n as i64 + 1 };
     let sum = store
         .add(&key(name, "arrivals"), weight)
+        .map_err(store_err(name))?;
+    store
+        .set(&key(name, "arrived").push(me), b"")
         .map_err(store_err(name))?;
     let (remote, near) = (sum / (n as i64 + 1), sum % (n as i64 + 1));
     if remote + near == n as i64 {

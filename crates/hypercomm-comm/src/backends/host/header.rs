@@ -3,7 +3,9 @@
 
 use std::fmt;
 
+use crate::CommError;
 use crate::element::{DType, ReduceOp};
+use crate::error::Call;
 
 /// Bytes a header occupies in a shared-memory buffer or a TCP frame.
 pub(crate) const HEADER_BYTES: usize = 64;
@@ -143,15 +145,50 @@ impl fmt::Display for Header {
     }
 }
 
-/// Compares every rank's header with rank 0's; describes the first disagreement, identically on every rank.
-pub(crate) fn disagreement(headers: &[Header]) -> Option<String> {
-    let first = headers.first()?;
-    headers
-        .iter()
-        .enumerate()
-        .skip(1)
-        .find(|(_, h)| *h != first)
-        .map(|(r, h)| format!("rank {r} called {h} but rank 0 called {first}"))
+/// Groups the ranks (positions) by the header they published; `None` when all agree. Every rank that saw the
+/// same headers gets the same sides, so every rank describes (and blames) the disagreement identically.
+pub(crate) fn disagreement(headers: &[Header]) -> Option<Vec<Call>> {
+    let mut sides: Vec<(Header, Vec<usize>)> = Vec::new();
+    for (r, h) in headers.iter().enumerate() {
+        match sides.iter_mut().find(|(seen, _)| seen == h) {
+            Some((_, ranks)) => ranks.push(r),
+            None => sides.push((*h, vec![r])),
+        }
+    }
+    (sides.len() > 1).then(|| {
+        sides
+            .into_iter()
+            .map(|(h, ranks)| Call {
+                ranks,
+                call: h.to_string(),
+            })
+            .collect()
+    })
+}
+
+/// A receive that found another message than it expected: `me` expected `expected` from `peer`, which sent
+/// `got`. Positions, as every backend error.
+pub(crate) fn p2p_mismatch(
+    comm: &str,
+    me: usize,
+    expected: &Header,
+    peer: usize,
+    got: &Header,
+) -> CommError {
+    CommError::mismatch(
+        comm,
+        Vec::new(),
+        vec![
+            Call {
+                ranks: vec![me],
+                call: format!("recv expecting {expected}"),
+            },
+            Call {
+                ranks: vec![peer],
+                call: format!("{got}"),
+            },
+        ],
+    )
 }
 
 #[cfg(test)]
@@ -171,11 +208,19 @@ mod tests {
         };
         assert_eq!(Header::decode(&h.encode()), Some(h));
         let other = Header { count: 6, ..h };
-        let msg = disagreement(&[h, h, other]).unwrap();
+        let sides = disagreement(&[h, other, h]).unwrap();
         assert_eq!(
-            msg,
-            "rank 2 called all_reduce(#9, dtype=bf16, count=6, op=max) but rank 0 called \
-             all_reduce(#9, dtype=bf16, count=5, op=max)"
+            sides,
+            vec![
+                Call {
+                    ranks: vec![0, 2],
+                    call: "all_reduce(#9, dtype=bf16, count=5, op=max)".into()
+                },
+                Call {
+                    ranks: vec![1],
+                    call: "all_reduce(#9, dtype=bf16, count=6, op=max)".into()
+                },
+            ]
         );
         assert_eq!(disagreement(&[h, h]), None);
         assert_eq!(Header::decode(&[0xff; 64]), None);

@@ -163,12 +163,12 @@ fn missing(
     expected: std::ops::Range<usize>,
     timeout: Duration,
 ) -> CommError {
-    CommError::Timeout {
-        comm: comm.to_owned(),
-        missing: expected.filter(|&r| peers[r].is_none()).collect(),
-        after: timeout,
-        during: "tcp bootstrap: waiting for peers to connect".into(),
-    }
+    CommError::timeout(
+        comm,
+        expected.filter(|&r| peers[r].is_none()).collect(),
+        timeout,
+        "tcp bootstrap: waiting for peers to connect",
+    )
 }
 
 fn protocol(comm: &str, what: String) -> CommError {

@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
-use super::header::{HEADER_BYTES, Header, disagreement};
+use super::header::{HEADER_BYTES, Header, disagreement, p2p_mismatch};
 use super::liveness::process_alive;
 use super::segment::{PREFIX, Segment};
 use super::transport::{Consume, Peers, Round, Transport, resolve};
@@ -119,12 +119,11 @@ impl ShmTransport {
     fn check_aborted(&self, during: &dyn Fn() -> String) -> Result<(), CommError> {
         let by = self.seg.header().aborted_by.load(SeqCst);
         if by != 0 {
-            return Err(CommError::AbortedByPeer {
-                comm: self.comm.clone(),
-                by: (by - 1) as usize,
-                during: during(),
-                lost: Vec::new(),
-            });
+            return Err(CommError::aborted_by(
+                &self.comm,
+                (by - 1) as usize,
+                during(),
+            ));
         }
         Ok(())
     }
@@ -152,19 +151,15 @@ impl ShmTransport {
             })
             .collect();
         if !dead.is_empty() {
-            return Err(CommError::PeerDied {
-                comm: self.comm.clone(),
-                ranks: dead,
-                during: during(),
-            });
+            return Err(CommError::peer_died(&self.comm, dead, during()));
         }
         if start.elapsed() >= self.timeout {
-            return Err(CommError::Timeout {
-                comm: self.comm.clone(),
+            return Err(CommError::timeout(
+                &self.comm,
                 missing,
-                after: self.timeout,
-                during: during(),
-            });
+                self.timeout,
+                during(),
+            ));
         }
         Ok(())
     }
@@ -311,11 +306,8 @@ impl Transport for ShmTransport {
             headers.push(h);
             lens.push(len);
         }
-        if let Some(detail) = disagreement(&headers) {
-            return Err(CommError::Mismatch {
-                comm: self.comm.clone(),
-                detail,
-            });
+        if let Some(calls) = disagreement(&headers) {
+            return Err(CommError::mismatch(&self.comm, Vec::new(), calls));
         }
         let peers = ShmPeers {
             t: self,
@@ -366,12 +358,7 @@ impl Transport for ShmTransport {
             let src = self.seg.mailbox(peer, me);
             let (got, len) = self.read_prefix(src, peer)?;
             if got != *header {
-                return Err(CommError::Mismatch {
-                    comm: self.comm.clone(),
-                    detail: format!(
-                        "rank {me} expected {header} from rank {peer}, which sent {got}"
-                    ),
-                });
+                return Err(p2p_mismatch(&self.comm, me, header, peer, &got));
             }
             if len != end - start {
                 return Err(CommError::Protocol {

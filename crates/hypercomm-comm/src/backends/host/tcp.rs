@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::ops::Range;
 use std::time::Duration;
 
-use super::header::{HEADER_BYTES, Header, disagreement};
+use super::header::{HEADER_BYTES, Header, disagreement, p2p_mismatch};
 use super::segment::PREFIX;
 use super::transport::{Consume, Peers, Round, Transport, resolve};
 use crate::CommError;
@@ -94,17 +94,10 @@ impl TcpTransport {
 
     fn failure(&self, peer: usize, e: std::io::Error, during: &str) -> CommError {
         match e.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => CommError::Timeout {
-                comm: self.comm.clone(),
-                missing: vec![peer],
-                after: self.timeout,
-                during: during.to_owned(),
-            },
-            _ => CommError::PeerDied {
-                comm: self.comm.clone(),
-                ranks: vec![peer],
-                during: during.to_owned(),
-            },
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => {
+                CommError::timeout(&self.comm, vec![peer], self.timeout, during)
+            }
+            _ => CommError::peer_died(&self.comm, vec![peer], during),
         }
     }
 
@@ -133,12 +126,7 @@ impl TcpTransport {
             what: format!("rank {peer} sent an undecodable header"),
         })?;
         if head[0] == KIND_ABORT {
-            return Err(CommError::AbortedByPeer {
-                comm: self.comm.clone(),
-                by: peer,
-                during: during.to_owned(),
-                lost: Vec::new(),
-            });
+            return Err(CommError::aborted_by(&self.comm, peer, during));
         }
         if len > self.cap.max(1 << 30) {
             return Err(CommError::Protocol {
@@ -329,11 +317,8 @@ impl Transport for TcpTransport {
         let headers: Vec<Header> = (0..n)
             .map(|r| frames[r].as_ref().map_or(round.header, |f| f.header))
             .collect();
-        if let Some(detail) = disagreement(&headers) {
-            return Err(CommError::Mismatch {
-                comm: self.comm.clone(),
-                detail,
-            });
+        if let Some(calls) = disagreement(&headers) {
+            return Err(CommError::mismatch(&self.comm, Vec::new(), calls));
         }
         let wanted = (0..n)
             .map(|src| {
@@ -362,15 +347,9 @@ impl Transport for TcpTransport {
         let during = format!("{header} from rank {peer}");
         let f = self.next_frame(peer, KIND_P2P, &during)?;
         if f.header != *header || f.len != data.len() {
-            let detail = format!(
-                "rank {} expected {header} from rank {peer}, which sent {}",
-                self.rank, f.header
-            );
+            let error = p2p_mismatch(&self.comm, self.rank, header, peer, &f.header);
             self.stash[peer].push_front(f);
-            return Err(CommError::Mismatch {
-                comm: self.comm.clone(),
-                detail,
-            });
+            return Err(error);
         }
         data.copy_from_slice(f.bytes());
         Ok(())

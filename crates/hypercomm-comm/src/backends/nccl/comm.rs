@@ -229,12 +229,12 @@ impl NcclComm {
 
     /// Aborts after a timeout in `during` and returns the error every waiter sees.
     pub(crate) fn time_out(&self, during: &str) -> CommError {
-        let error = CommError::Timeout {
-            comm: self.name.clone(),
-            missing: Vec::new(),
-            after: self.timeout,
-            during: format!("{during}; the nccl communicator was aborted"),
-        };
+        let error = CommError::timeout(
+            &self.name,
+            Vec::new(),
+            self.timeout,
+            format!("{during}; the nccl communicator was aborted"),
+        );
         self.mark_broken(error.to_string());
         self.abort();
         error
