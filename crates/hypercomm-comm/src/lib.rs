@@ -31,6 +31,7 @@ mod nccl_options;
 mod options;
 mod reduce;
 mod shrink;
+mod steps;
 mod strided;
 mod work;
 
@@ -39,6 +40,7 @@ pub use element::{DType, Element, ReduceOp, as_bytes, as_bytes_mut};
 pub use error::CommError;
 pub use nccl_options::NcclOptions;
 pub use options::{Algorithm, BackendKind, CommOptions};
+pub use steps::{Step, StepHook};
 pub use work::Work;
 
 /// Bytes each rank may read from its peers in one host all-reduce before the selector switches from the latency

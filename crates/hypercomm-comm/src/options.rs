@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{CommError, NcclOptions};
+use crate::{CommError, NcclOptions, StepHook};
 
 /// Which backend runs a communicator's collectives. Named once, at construction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -66,6 +66,9 @@ pub struct CommOptions {
     pub scratch_bytes: Option<usize>,
     /// NCCL's knobs: honoured by the NCCL backend, refused by the host backend when set.
     pub nccl: NcclOptions,
+    /// Host backend: a function called at every named [`Step`](crate::Step) of the bootstrap (fault injection;
+    /// see [`StepHook`]). Unset by default. Other backends do not call it.
+    pub on_step: Option<StepHook>,
 }
 
 impl Default for CommOptions {
@@ -85,6 +88,7 @@ impl CommOptions {
             algorithm: Algorithm::Auto,
             scratch_bytes: None,
             nccl: NcclOptions::default(),
+            on_step: None,
         }
     }
 
