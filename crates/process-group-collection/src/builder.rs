@@ -5,14 +5,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use hypercomm_comm::device::{DeviceCommunicator, Gpu, ProcessGroup};
-use hypercomm_comm::{BackendKind, CommOptions, Communicator};
+use hypercomm_comm::{BackendKind, CommOptions, Communicator, StepHook};
 use hypercomm_grid::layout::ParallelLayout;
 use hypercomm_grid::{DimSet, Grid};
 use hypercomm_store::Store;
 
 use crate::collection::{Entry, ProcessGroupCollection, WORLD};
 use crate::plan::{CustomGroups, Slot, Topology};
-use crate::{CollectionError, GroupOptions};
+use crate::{BuildHook, BuildStep, CollectionError, GroupOptions};
 
 /// When communicators are created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -36,6 +36,7 @@ pub struct CollectionBuilder {
     pub(crate) force_tcp: bool,
     pub(crate) gpu: Option<Arc<Gpu>>,
     pub(crate) world_group: bool,
+    pub(crate) hook: Option<BuildHook>,
 }
 
 impl CollectionBuilder {
@@ -133,6 +134,14 @@ impl CollectionBuilder {
         self
     }
 
+    /// Calls `hook` at every named step of the build: each group's communicator bootstrap, each group created,
+    /// the end (see [`BuildStep`]). For fault injection: the hook may stall, panic or end the process.
+    #[must_use]
+    pub fn with_step_hook(mut self, hook: impl Fn(&BuildStep<'_>) + Send + Sync + 'static) -> Self {
+        self.hook = Some(BuildHook::new(hook));
+        self
+    }
+
     fn prepare(&mut self, rank: usize) -> Result<Vec<Entry>, CollectionError> {
         if self.world_group && !self.topology.custom.iter().any(|(k, _)| k == WORLD) {
             let Some(layout) = &self.topology.layout else {
@@ -165,6 +174,15 @@ impl CollectionBuilder {
         };
         if let Some(set) = self.options.get(&slot.id.kind) {
             options = set.apply(options)?;
+        }
+        if let Some(hook) = &self.hook {
+            let (hook, group) = (hook.clone(), slot.id.clone());
+            options.on_step = Some(StepHook::new(move |step| {
+                hook.call(&BuildStep::Comm {
+                    group: &group,
+                    step,
+                });
+            }));
         }
         let comm_err = |source| CollectionError::Comm {
             collection: self.name.clone(),
@@ -216,9 +234,11 @@ impl CollectionBuilder {
             for entry in &collection.entries {
                 if entry.membership.is_ok() {
                     collection.create(entry)?;
+                    collection.step(self.hook.as_ref(), Some(&entry.id));
                 }
             }
             collection.barrier_all()?;
+            collection.step(self.hook.as_ref(), None);
         }
         Ok(collection)
     }
@@ -344,6 +364,12 @@ impl CollectionBuilder {
                 let _ = entry
                     .group
                     .set(ProcessGroup::new(child, device).map_err(comm_err)?);
+                if let Some(hook) = &self.hook {
+                    hook.call(&BuildStep::GroupCreated {
+                        collection: &self.name,
+                        group: &entry.id,
+                    });
+                }
             }
         }
         let collection = ProcessGroupCollection {
@@ -355,11 +381,26 @@ impl CollectionBuilder {
             gpu: self.gpu,
         };
         collection.barrier_all()?;
+        collection.step(self.hook.as_ref(), None);
         Ok(collection)
     }
 }
 
 impl ProcessGroupCollection {
+    /// Runs `hook`, if any, at `group_created` for `group`, or at `built` without one.
+    fn step(&self, hook: Option<&BuildHook>, group: Option<&crate::GroupId>) {
+        let Some(hook) = hook else { return };
+        hook.call(&match group {
+            Some(group) => BuildStep::GroupCreated {
+                collection: &self.name,
+                group,
+            },
+            None => BuildStep::Built {
+                collection: &self.name,
+            },
+        });
+    }
+
     /// A builder for the groups of `layout`, namespaced by `name` (use a distinct name per model instance).
     pub fn for_layout(name: impl Into<String>, layout: ParallelLayout) -> CollectionBuilder {
         CollectionBuilder {
@@ -383,6 +424,7 @@ impl ProcessGroupCollection {
             force_tcp: false,
             gpu: None,
             world_group: false,
+            hook: None,
         }
     }
 }

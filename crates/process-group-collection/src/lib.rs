@@ -31,6 +31,7 @@ mod group_id;
 mod options;
 mod plan;
 mod rebuild;
+mod steps;
 
 pub use builder::{CollectionBuilder, Creation};
 pub use collection::ProcessGroupCollection;
@@ -39,3 +40,4 @@ pub use group_id::GroupId;
 pub use options::{GroupOptionSet, GroupOptions};
 pub use plan::CustomGroups;
 pub use rebuild::ShrunkLayout;
+pub use steps::{BuildHook, BuildStep};
