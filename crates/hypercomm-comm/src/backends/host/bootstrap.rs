@@ -231,8 +231,7 @@ pub(crate) fn connect(
         let local = record.identity == identity;
         let segment = match (&record.socket, local) {
             (Some(socket), true) => {
-                let deadline = Instant::now() + options.timeout;
-                let fd = fdpass::fetch(name, socket, me, record.pid, deadline)?;
+                let fd = fdpass::fetch(name, socket, me, record.pid, options.timeout)?;
                 step(
                     options,
                     Step::SegmentReceived {

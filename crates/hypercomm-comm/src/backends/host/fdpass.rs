@@ -214,16 +214,17 @@ fn serve_one(
     Ok(rank)
 }
 
-/// Fetches the segment's descriptor from rank 0 (pid `leader_pid`) listening on `@name`, as rank `me`. Errors name
-/// rank 0: [`CommError::PeerDied`] when its process is gone, [`CommError::Timeout`] when it does not answer by
-/// `deadline`.
+/// Fetches the segment's descriptor from rank 0 (pid `leader_pid`) listening on `@name`, as rank `me`, within
+/// `timeout`. Errors name rank 0: [`CommError::PeerDied`] when its process is gone, [`CommError::Timeout`] when it
+/// does not answer in time.
 pub(crate) fn fetch(
     comm: &str,
     name: &str,
     me: usize,
     leader_pid: u32,
-    deadline: Instant,
+    timeout: Duration,
 ) -> Result<OwnedFd, CommError> {
+    let deadline = Instant::now() + timeout;
     let during = "bootstrap: fetching the shared-memory segment from rank 0";
     let failed = |what: &str, source: std::io::Error| -> CommError {
         if !process_alive(leader_pid) {
@@ -236,7 +237,7 @@ pub(crate) fn fetch(
             CommError::Timeout {
                 comm: comm.to_owned(),
                 missing: vec![0],
-                after: deadline.saturating_duration_since(Instant::now()),
+                after: timeout,
                 during: during.to_owned(),
             }
         } else {
@@ -335,7 +336,14 @@ mod tests {
                 served
             });
             for rank in [2, 1] {
-                let fd = fetch(comm, &listener.name, rank, std::process::id(), deadline).unwrap();
+                let fd = fetch(
+                    comm,
+                    &listener.name,
+                    rank,
+                    std::process::id(),
+                    Duration::from_secs(20),
+                )
+                .unwrap();
                 // The descriptor shares the sender's file offset: read at an explicit position.
                 let mut text = [0u8; 6];
                 std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::from(fd), &mut text, 0)
@@ -365,13 +373,27 @@ mod tests {
                     .unwrap();
                 served
             });
-            let err = fetch(comm, &listener.name, 5, std::process::id(), deadline).unwrap_err();
+            let err = fetch(
+                comm,
+                &listener.name,
+                5,
+                std::process::id(),
+                Duration::from_secs(20),
+            )
+            .unwrap_err();
             assert!(
                 matches!(err, CommError::Protocol { .. } | CommError::Io { .. }),
                 "{err}"
             );
             assert!(err.to_string().contains("rank 0"), "{err}");
-            fetch(comm, &listener.name, 1, std::process::id(), deadline).unwrap();
+            fetch(
+                comm,
+                &listener.name,
+                1,
+                std::process::id(),
+                Duration::from_secs(20),
+            )
+            .unwrap();
             drop(stop_tx);
             assert_eq!(server.join().unwrap(), vec![1]);
         });
@@ -382,14 +404,45 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
         child.wait().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let err = fetch("fdpass-dead", "hypercomm/none/0", 1, dead, deadline).unwrap_err();
+        let err = fetch(
+            "fdpass-dead",
+            "hypercomm/none/0",
+            1,
+            dead,
+            Duration::from_secs(5),
+        )
+        .unwrap_err();
         // A reused pid would make this an i/o error instead; both name rank 0.
         match err {
             CommError::PeerDied { ranks, .. } => assert_eq!(ranks, vec![0]),
             CommError::Io { what, .. } => assert!(what.contains("rank 0"), "{what}"),
             other => panic!("{other}"),
         }
+    }
+
+    #[test]
+    fn a_rank_0_that_listens_but_never_answers_is_a_timeout_naming_it() {
+        let listener = listen("fdpass-stall").unwrap();
+        let start = Instant::now();
+        let err = fetch(
+            "fdpass-stall",
+            &listener.name,
+            1,
+            std::process::id(),
+            Duration::from_millis(300),
+        )
+        .unwrap_err();
+        let waited = start.elapsed();
+        match err {
+            CommError::Timeout { missing, after, .. } => {
+                assert_eq!((missing, after), (vec![0], Duration::from_millis(300)));
+            }
+            other => panic!("{other}"),
+        }
+        assert!(
+            waited >= Duration::from_millis(250) && waited < Duration::from_secs(10),
+            "{waited:?}"
+        );
     }
 
     fn tempfile_with(bytes: &[u8]) -> OwnedFd {
