@@ -5,23 +5,6 @@
 //! globally, so two communicators in one process never see each other's hooks. It runs on the thread that reaches
 //! the step (for [`Step::SegmentSent`], rank 0's thread that serves the segment to its peers), synchronously: the
 //! bootstrap goes on when it returns.
-//!
-//! ```
-//! use std::sync::{Arc, Mutex};
-//! use hypercomm_comm::{CommOptions, Step, StepHook};
-//!
-//! let seen = Arc::new(Mutex::new(Vec::new()));
-//! let log = Arc::clone(&seen);
-//! let options = CommOptions {
-//!     on_step: Some(StepHook::new(move |step: &Step<'_>| {
-//!         // A chaos test would call std::process::abort() here, at the step it wants to break.
-//!         log.lock().unwrap().push(step.name());
-//!     })),
-//!     ..CommOptions::named("tp")
-//! };
-//! # let _ = options;
-//! assert!(Step::NAMES.contains(&"segment_created"));
-//! ```
 
 use std::fmt;
 use std::sync::Arc;
@@ -185,8 +168,36 @@ impl fmt::Display for Step<'_> {
     }
 }
 
-/// A function called at every [`Step`] of a bootstrap (see the [module docs](self)). Cloning shares the function.
-/// Two hooks are equal when they share one function (so [`CommOptions`](crate::CommOptions) stays comparable).
+/// A function called at every [`Step`] of a host bootstrap, set in
+/// [`CommOptions::on_step`](crate::CommOptions::on_step): nothing is registered globally, so two communicators in
+/// one process never see each other's hooks. It runs synchronously on the thread that reaches the step (for
+/// [`Step::SegmentSent`], rank 0's thread that serves the segment; a panic there reaches the caller when the
+/// bootstrap ends). Cloning shares the function; two hooks are equal when they share one function (so
+/// [`CommOptions`](crate::CommOptions) stays comparable).
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use hypercomm_comm::{BackendKind, CommOptions, Communicator, Step, StepHook};
+/// use hypercomm_store::MemoryStore;
+///
+/// let seen = Arc::new(Mutex::new(Vec::new()));
+/// let log = Arc::clone(&seen);
+/// let options = CommOptions {
+///     on_step: Some(StepHook::new(move |step: &Step<'_>| {
+///         // A chaos test would call std::process::abort() here, at the step it wants to break.
+///         log.lock().unwrap().push(step.name());
+///     })),
+///     ..CommOptions::named("solo")
+/// };
+/// let store = Arc::new(MemoryStore::new());
+/// let comm = Communicator::world(BackendKind::Host, store, 1, 0, options)?;
+/// assert_eq!(
+///     *seen.lock().unwrap(),
+///     ["segment_created", "listening", "record_published", "arrived", "decided", "ready"]
+/// );
+/// # drop(comm);
+/// # Ok::<(), hypercomm_comm::CommError>(())
+/// ```
 #[derive(Clone)]
 pub struct StepHook(Arc<dyn Fn(&Step<'_>) + Send + Sync>);
 

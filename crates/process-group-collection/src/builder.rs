@@ -135,7 +135,29 @@ impl CollectionBuilder {
     }
 
     /// Calls `hook` at every named step of the build: each group's communicator bootstrap, each group created,
-    /// the end (see [`BuildStep`]). For fault injection: the hook may stall, panic or end the process.
+    /// the end (see [`BuildStep`]). For fault injection: the hook may stall, panic or end the process. It is passed
+    /// to every group's communicator options (nothing global), so it also sees the bootstraps of lazily created
+    /// groups.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use hypercomm_grid::layout::LayoutConfig;
+    /// use hypercomm_store::{MemoryStore, Store};
+    /// use process_group_collection::{BuildStep, ProcessGroupCollection};
+    ///
+    /// let layout = LayoutConfig::new(4).tp(2).build()?;
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// # let rank = 0;
+    /// let pgc = ProcessGroupCollection::for_layout("chaos", layout)
+    ///     .with_step_hook(move |step: &BuildStep<'_>| {
+    ///         // Kill rank 0 right after it created the dp group's shared memory.
+    ///         if rank == 0 && step.name() == "segment_created" && step.group().is_some_and(|g| g.kind == "dp") {
+    ///             std::process::abort();
+    ///         }
+    ///     })
+    ///     .build(rank, store)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[must_use]
     pub fn with_step_hook(mut self, hook: impl Fn(&BuildStep<'_>) + Send + Sync + 'static) -> Self {
         self.hook = Some(BuildHook::new(hook));

@@ -5,26 +5,6 @@
 //! registered globally. The hook sees every [`Step`] of every group's host communicator bootstrap (wrapped in
 //! [`BuildStep::Comm`] with the group), then [`BuildStep::GroupCreated`] as each group of an eager build is done,
 //! and [`BuildStep::Built`] once the closing barrier passed.
-//!
-//! ```no_run
-//! use std::sync::Arc;
-//! use hypercomm_grid::layout::LayoutConfig;
-//! use hypercomm_store::{MemoryStore, Store};
-//! use process_group_collection::{BuildStep, ProcessGroupCollection};
-//!
-//! let layout = LayoutConfig::new(4).tp(2).build()?;
-//! let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-//! # let rank = 0;
-//! let pgc = ProcessGroupCollection::for_layout("chaos", layout)
-//!     .with_step_hook(move |step: &BuildStep<'_>| {
-//!         // Kill rank 0 right after it created the dp group's shared memory.
-//!         if rank == 0 && step.name() == "segment_created" && step.group().is_some_and(|g| g.kind == "dp") {
-//!             std::process::abort();
-//!         }
-//!     })
-//!     .build(rank, store)?;
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
 
 use std::fmt;
 use std::sync::Arc;
