@@ -12,8 +12,9 @@ use std::sync::Arc;
 /// A point of a host communicator's bootstrap. `comm` is the communicator's name; `rank` is the rank (within the
 /// communicator) that reached the step.
 ///
-/// Order on rank 0 with shared memory: `SegmentCreated`, `Listening`, `RecordPublished`, then `SegmentSent` once
-/// per peer on the same host (on a thread of its own, interleaved with the rest), `Arrived`, `Decided`, `Ready`.
+/// Order on rank 0 with shared memory: `SegmentCreated`, `Listening` (unless it is alone), `RecordPublished`, then
+/// `SegmentSent` once per peer on the same host (on a thread of its own, interleaved with the rest), `Arrived`,
+/// `Decided`, `Ready`.
 /// On the other ranks: `RecordRead`, `SegmentReceived` and `SegmentAttached` (same host only), `Arrived`,
 /// `Decided`, `Ready`. Over TCP the segment steps are skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,7 +194,8 @@ impl fmt::Display for Step<'_> {
 /// let comm = Communicator::world(BackendKind::Host, store, 1, 0, options)?;
 /// assert_eq!(
 ///     *seen.lock().unwrap(),
-///     ["segment_created", "listening", "record_published", "arrived", "decided", "ready"]
+///     // Alone, rank 0 shares its segment with nobody: it does not listen.
+///     ["segment_created", "record_published", "arrived", "decided", "ready"]
 /// );
 /// # drop(comm);
 /// # Ok::<(), hypercomm_comm::CommError>(())

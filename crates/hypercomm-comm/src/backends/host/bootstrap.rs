@@ -278,6 +278,17 @@ pub(crate) fn connect(
         .pid
         .store(std::process::id(), std::sync::atomic::Ordering::SeqCst);
     step(options, Step::SegmentCreated { comm: name });
+    if n == 1 {
+        // Nobody to share the segment with: no socket, no service thread.
+        drop(fd);
+        publish(store, options, &identity, None)?;
+        let joined = Joined {
+            segment: Some(seg),
+            local: true,
+            leader_pid: None,
+        };
+        return finish(store, n, me, options, scratch, joined);
+    }
     let listener = fdpass::listen(name)?;
     step(options, Step::Listening { comm: name });
     let (stop, stopped) = UnixStream::pair().map_err(|source| CommError::Io {
