@@ -1,6 +1,6 @@
 //! Bad input and failing ranks: disagreements are reported on every rank without corrupting anything, wrong
 //! lengths fail before anything is sent, a stalled rank makes the others fail within the timeout naming it, and
-//! shared-memory files never outlive bootstrap.
+//! shared memory never has a file name.
 
 mod comm_support;
 
@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use comm_support::*;
-use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, NcclOptions, ReduceOp};
+use hypercomm::comm::{
+    BackendKind, CommError, CommOptions, Communicator, NcclOptions, ReduceOp, Step, StepHook,
+};
 use hypercomm::store::MemoryStore;
 
 fn both_transports(test: impl Fn(bool)) {
@@ -318,23 +320,57 @@ fn shm_files_of_this_process() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A step's name, the rank that reached it, and this process's files in `/dev/shm` at that moment.
+type StepSeen = (&'static str, usize, Vec<String>);
+
 #[test]
-fn shared_memory_files_are_gone_once_every_rank_attached() {
-    let results = on_threads(3, options("cleanup", false), |comm| {
+fn shared_memory_has_no_file_name_at_any_step_of_the_bootstrap() {
+    // At every step of the bootstrap, through the public hook: which step, on which rank, and what files of this
+    // process /dev/shm holds at that moment.
+    let seen: Arc<Mutex<Vec<StepSeen>>> = Arc::default();
+    let log = Arc::clone(&seen);
+    let opts = CommOptions {
+        on_step: Some(StepHook::new(move |step: &Step<'_>| {
+            let files = shm_files_of_this_process();
+            log.lock().unwrap().push((step.name(), step.rank(), files));
+        })),
+        ..options("cleanup", false)
+    };
+    let results = on_threads(3, opts, |comm| {
         assert_eq!(comm.transport(), "shm");
-        // Every rank has attached once a collective completed; the file was unlinked before that.
-        comm.barrier().unwrap().wait().unwrap();
-        comm.all_reduce(vec![1u8; 100], ReduceOp::Sum)
+        let sum = comm
+            .all_reduce(vec![1u8; 100], ReduceOp::Sum)
             .unwrap()
             .wait()
-            .unwrap()
+            .unwrap();
+        // The segment is mapped from an anonymous memory file, not from anything in a file system.
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(maps.contains("/memfd:hypercomm-segment"), "{maps}");
+        sum
     });
     assert!(results.iter().all(|r| r == &vec![3u8; 100]));
-    // Other tests in this binary may be bootstrapping right now, so only our communicator's absence is certain
-    // after all are done; check that no file of this process is left once the test threads finished.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !shm_files_of_this_process().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
+    let seen = seen.lock().unwrap();
+    let count = |name: &str| seen.iter().filter(|(n, _, _)| *n == name).count();
+    for (name, times) in [
+        ("segment_created", 1),
+        ("listening", 1),
+        ("record_published", 1),
+        ("segment_sent", 2),
+        ("record_read", 2),
+        ("segment_received", 2),
+        ("segment_attached", 2),
+        ("arrived", 3),
+        ("decided", 3),
+        ("ready", 3),
+    ] {
+        assert_eq!(count(name), times, "step {name}: {seen:?}");
     }
-    assert_eq!(shm_files_of_this_process(), Vec::<String>::new());
+    let named: Vec<_> = seen
+        .iter()
+        .filter(|(_, _, files)| !files.is_empty())
+        .collect();
+    assert!(
+        named.is_empty(),
+        "files in /dev/shm during the bootstrap: {named:?}"
+    );
 }

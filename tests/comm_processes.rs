@@ -59,6 +59,35 @@ fn rank_process() {
             full_matrix(&comm);
             println!("rank {rank} ok");
         }
+        "memfd" => {
+            let sum = comm
+                .all_reduce(vec![rank as u32 + 1], ReduceOp::Sum)
+                .unwrap()
+                .wait()
+                .unwrap();
+            assert_eq!(sum[0] as usize, size * (size + 1) / 2);
+            // The segment is mapped from an anonymous memory file (its inode identifies it across processes), and
+            // no descriptor of it stays open: the mappings alone keep it.
+            let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+            let inodes: Vec<&str> = maps
+                .lines()
+                .filter(|l| l.contains("/memfd:hypercomm-segment"))
+                .filter_map(|l| l.split_whitespace().nth(4))
+                .collect();
+            assert_eq!(inodes.len(), 1, "one mapping of the segment: {maps}");
+            let open: Vec<String> = std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .map(|p| p.to_string_lossy().into_owned())
+                .filter(|p| p.contains("memfd:"))
+                .collect();
+            assert!(
+                open.is_empty(),
+                "descriptors of the segment left open: {open:?}"
+            );
+            println!("rank {rank} inode {}", inodes[0]);
+            println!("rank {rank} ok");
+        }
         "kill" => {
             comm.barrier().unwrap().wait().unwrap();
             if rank == size - 1 {
@@ -141,20 +170,41 @@ fn shm_files_of(pids: &[u32]) -> Vec<String> {
 }
 
 /// Runs `role` on `n` rank processes over a fresh store; requires every rank to succeed and no segment to remain.
-fn run_processes(role: &str, n: usize, tcp: bool) {
+/// Returns each rank's output.
+fn run_processes(role: &str, n: usize, tcp: bool) -> Vec<String> {
     let server = TcpStoreServer::bind("127.0.0.1:0", ServerOptions::default()).unwrap();
     let addr = server.local_addr().to_string();
     let children: Vec<Child> = (0..n).map(|r| spawn(role, &addr, r, n, tcp)).collect();
     let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    let mut outputs = Vec::new();
     for (r, child) in children.into_iter().enumerate() {
         let out = child.wait_with_output().unwrap();
         assert!(
             out.status.success(),
             "{role} n={n} tcp={tcp}: rank {r} failed"
         );
-        assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("rank {r} ok")));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(stdout.contains(&format!("rank {r} ok")));
+        outputs.push(stdout);
     }
     assert_eq!(shm_files_of(&pids), Vec::<String>::new());
+    outputs
+}
+
+/// Processes on one host share one anonymous segment: every rank maps the same memfd (same inode), holds no
+/// descriptor of it after the bootstrap, and a collective through it is right.
+#[test]
+fn processes_share_one_anonymous_segment() {
+    let outputs = run_processes("memfd", 3, false);
+    let inodes: Vec<&str> = outputs
+        .iter()
+        .map(|out| {
+            out.lines()
+                .find_map(|l| l.split_once(" inode ").map(|(_, i)| i.trim()))
+                .expect("every rank prints its segment's inode")
+        })
+        .collect();
+    assert!(inodes.iter().all(|i| *i == inodes[0]), "{inodes:?}");
 }
 
 /// The whole collective matrix (every collective x type x reduction x size, forced algorithms, 1 MiB+ buffers) with

@@ -4,21 +4,29 @@
 //! communicator timeout plus a margin, and the error's structured fields (`lost_ranks()`, `culprits()`, printed by
 //! the rank) blame exactly the faulty rank, by world rank, even on ranks that only met the fault through a cascade
 //! of aborts; the job never hangs (the launcher's own timeout never
-//! fires); every rank process is gone afterwards; and no shared-memory segment of any rank is left in `/dev/shm`.
+//! fires); every rank process is gone afterwards; and no file of any rank is left in `/dev/shm`, nor any socket.
 //! The cases run one after another in a single `#[test]` (this binary holds nothing else but the rank programs),
 //! and a table of the observed times to error is printed (`cargo test --test faults -- --nocapture`; with
 //! `HC_FAULT_VERBOSE=1`, every reporting rank's error too).
 //!
-//! The host backend talks TCP over loopback and keeps no socket files, so `/dev/shm` is the only place a rank
-//! could leave something behind.
+//! The host backend's shared memory is an anonymous memfd handed over a socket in the abstract namespace, and its
+//! TCP talks over loopback: nothing it uses has a file name. The checks look in `/dev/shm` and `/proc/net/unix`
+//! all the same, so that a regression to named segments or socket files would show.
+//!
+//! The `step_*` cases kill a rank at every named step of a collection build (`BuildStep::NAMES`, through the
+//! public hook `CollectionBuilder::with_step_hook`).
+//!
+//! With `HC_FAULT_TABLE=<path>`, the table is also written to that file (`docs/reliability.md` is made so).
 
 mod rank;
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use hypercomm::launch::{Exit, LaunchReport, Launcher};
+use hypercomm::pgc::BuildStep;
 
 /// Each communicator's timeout in the suite: short, so the whole suite runs in about a minute.
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -53,8 +61,8 @@ enum Expect {
 }
 
 struct Case {
-    name: &'static str,
-    what: &'static str,
+    name: String,
+    what: String,
     fate: Fate,
     /// The faulty rank.
     victim: usize,
@@ -62,16 +70,16 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let case = |name, what, fate, victim, expect| Case {
-        name,
-        what,
+    let case = |name: &str, what: &str, fate, victim, expect| Case {
+        name: name.to_owned(),
+        what: what.to_owned(),
         fate,
         victim,
         expect,
     };
     let lost = Expect::Blames { lost: true };
     let last = RANKS - 1;
-    vec![
+    let mut cases = vec![
         case(
             "bootstrap_kill",
             "SIGKILL during bootstrap (shm)",
@@ -195,7 +203,30 @@ fn cases() -> Vec<Case> {
             1,
             Expect::Blames { lost: false },
         ),
-    ]
+    ];
+    cases.extend(step_cases());
+    cases
+}
+
+/// Steps that only ranks other than 0 go through: killing rank 0 there is impossible, so rank 1 dies instead.
+const JOINER_STEPS: [&str; 3] = ["record_read", "segment_received", "segment_attached"];
+
+/// One case per named step of a collection build (`BuildStep::NAMES`): a `tp 2, dp 2` collection with a world
+/// group, where the segment creator (rank 0; rank 1 for the steps rank 0 never takes) SIGKILLs itself at that step
+/// of the last group, `world`. Every survivor must blame it by world rank within the bound (the failure domain
+/// carries the root cause to the survivors that fail in other groups first), and nothing of the dead rank stays:
+/// no process, no file in `/dev/shm`, no socket.
+fn step_cases() -> Vec<Case> {
+    BuildStep::NAMES
+        .iter()
+        .map(|step| Case {
+            name: format!("step_{step}"),
+            what: format!("SIGKILL at step {step} of the world group (collection)"),
+            fate: Fate::Killed,
+            victim: if JOINER_STEPS.contains(step) { 1 } else { 0 },
+            expect: Expect::Blames { lost: true },
+        })
+        .collect()
 }
 
 /// One rank's parsed output.
@@ -277,16 +308,43 @@ fn still_running(pid: u32) -> bool {
         .is_ok_and(|c| String::from_utf8_lossy(&c).contains("fault_rank"))
 }
 
-fn shm_files_of(pids: &[u32]) -> Vec<String> {
-    let prefixes: Vec<String> = pids.iter().map(|p| format!("hypercomm-{p}-")).collect();
+/// The names in `/dev/shm` now.
+fn shm_listing() -> BTreeSet<String> {
     std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.filter_map(Result::ok)
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Whether `name` carries one of `pids` as a token (`hypercomm-<pid>-...`, `@hypercomm/<pid>/...`).
+fn mentions_pid(name: &str, pids: &[u32]) -> bool {
+    name.split(|c: char| !c.is_ascii_digit())
+        .any(|token| token.parse::<u32>().is_ok_and(|t| pids.contains(&t)))
+}
+
+/// What the rank processes left in `/dev/shm` since `before`: every new name that mentions a rank's pid (as the
+/// old `hypercomm-<pid>-...` segment files did). Not every new name: other jobs on the machine share `/dev/shm`.
+fn shm_left(before: &BTreeSet<String>, pids: &[u32]) -> Vec<String> {
+    shm_listing()
+        .difference(before)
+        .filter(|n| mentions_pid(n, pids))
+        .cloned()
+        .collect()
+}
+
+/// Unix sockets of the rank processes still bound (abstract names included: `/proc/net/unix` lists them).
+fn sockets_left(pids: &[u32]) -> Vec<String> {
+    std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().nth(7))
+        .filter(|path| path.contains("hypercomm") && mentions_pid(path, pids))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The standalone store of the `store_kill` case and its address.
@@ -325,7 +383,7 @@ fn run(case: &Case) -> Result<Row, String> {
         // After the first rank exits, the others have this long to report before the launcher stops them.
         .grace(TIMEOUT + MARGIN)
         .timeout(Duration::from_secs(90))
-        .env("HC_FAULT_CASE", case.name)
+        .env("HC_FAULT_CASE", &case.name)
         .env("HC_FAULT_VICTIM", case.victim.to_string())
         .env("HC_FAULT_TIMEOUT_MS", TIMEOUT.as_millis().to_string());
     let store = (case.name == "store_kill").then(start_store);
@@ -333,6 +391,7 @@ fn run(case: &Case) -> Result<Row, String> {
     if let Some(addr) = &store_addr {
         launcher = launcher.env("HC_STORE", addr);
     }
+    let shm_before = shm_listing();
     let started = std::time::Instant::now();
     let report: LaunchReport = launcher.run().map_err(|e| e.to_string())?;
     let job = started.elapsed();
@@ -427,9 +486,13 @@ fn run(case: &Case) -> Result<Row, String> {
     if let Some(pid) = pids.iter().find(|&&p| still_running(p)) {
         return Err(format!("rank process {pid} is still running"));
     }
-    let left = shm_files_of(&pids);
+    let left = shm_left(&shm_before, &pids);
     if !left.is_empty() {
         return Err(format!("shared-memory files left behind: {left:?}"));
+    }
+    let sockets = sockets_left(&pids);
+    if !sockets.is_empty() {
+        return Err(format!("sockets left behind: {sockets:?}"));
     }
     let (min, max) = (
         times.iter().copied().min().unwrap_or(0),
@@ -462,13 +525,32 @@ fn every_fault_ends_in_a_named_error_within_the_timeout() {
             }
         }
     }
-    println!(
-        "\nfault cases ({RANKS} ranks, timeout {TIMEOUT:?}, bound timeout + {MARGIN:?}):\n\
+    let table = format!(
+        "fault cases ({RANKS} ranks, timeout {TIMEOUT:?}, bound timeout + {MARGIN:?}):\n\n\
          | case | fault | time to error (ms, min-max over reporting ranks) | job (s) | first survivor's error |\n\
-         |---|---|---|---|---|"
+         |---|---|---|---|---|\n{}\n",
+        rows.join("\n")
     );
-    for row in &rows {
-        println!("{row}");
+    println!("\n{table}");
+    if let Some(path) = std::env::var_os("HC_FAULT_TABLE") {
+        let doc = format!(
+            "# Fault-injection results\n\n\
+             Written by `HC_FAULT_TABLE={} cargo test --test faults -- --nocapture` (`tests/faults/`; debug build).\n\
+             Each case: {RANKS} rank processes through the launcher; every reporting rank must blame the faulty rank by\n\
+             world rank (`lost_ranks()`/`culprits()`), within the timeout + margin, leaving no process, no file in\n\
+             `/dev/shm` and no socket. Load average (1 min) when the run ended: {}.\n\n{table}",
+            path.to_string_lossy(),
+            std::fs::read_to_string("/proc/loadavg")
+                .ok()
+                .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+                .unwrap_or_else(|| "unknown".into()),
+        );
+        if let Err(e) = std::fs::write(&path, doc) {
+            failures.push(format!(
+                "writing the table to {}: {e}",
+                path.to_string_lossy()
+            ));
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
 use hypercomm::grid::layout::LayoutConfig;
-use hypercomm::pgc::{CollectionError, ProcessGroupCollection};
+use hypercomm::pgc::{BuildStep, CollectionError, GroupId, ProcessGroupCollection};
 use hypercomm::store::{ClientOptions, Key, Rendezvous, Secret, Store, StoreError, TcpStore};
 use rustix::process::{Signal, getpid, kill_process};
 
@@ -168,6 +168,39 @@ fn fault_rank() {
             }
             let start = Instant::now();
             seen("SEEN", start, world(n).and_then(|c| small(&c)))
+        }
+        step if step.starts_with("step_") => {
+            let step = step["step_".len()..].to_owned();
+            let victim: usize = var("HC_FAULT_VICTIM").parse().unwrap();
+            let layout = LayoutConfig::new(n).tp(2).build().unwrap();
+            let mut builder = ProcessGroupCollection::for_layout(name.as_str(), layout)
+                .with_world_group(true)
+                .with_timeout(timeout);
+            if me == victim {
+                // Die at the first time this rank reaches `step` in the last group built, `world`.
+                builder = builder.with_step_hook(move |at: &BuildStep<'_>| {
+                    if at.name() == step && at.group().is_none_or(|g| g.kind == "world") {
+                        die(Signal::KILL);
+                    }
+                });
+            }
+            let start = Instant::now();
+            let result = builder.build(me, Arc::clone(&store)).and_then(|pgc| {
+                // Should the victim die after the build completed (the `built` step), the world notices.
+                let world = pgc.world()?.host();
+                world
+                    .barrier()
+                    .and_then(|w| w.wait())
+                    .map_err(|source| CollectionError::Comm {
+                        collection: name.clone(),
+                        group: GroupId::kind("world"),
+                        source: Box::new(source),
+                    })
+            });
+            if me == victim {
+                panic!("the victim never reached step {case}: {result:?}");
+            }
+            seen("SEEN", start, result)
         }
         "collection_kill" => {
             let layout = LayoutConfig::new(n).tp(2).build().unwrap();

@@ -34,6 +34,7 @@ mod nccl_options;
 mod options;
 mod reduce;
 mod shrink;
+mod steps;
 mod strided;
 mod work;
 
@@ -43,6 +44,7 @@ pub use error::{Call, CommError, Fault, RootCause};
 pub use failure::FailureDomain;
 pub use nccl_options::NcclOptions;
 pub use options::{Algorithm, BackendKind, CommOptions};
+pub use steps::{Step, StepHook};
 pub use work::Work;
 
 /// Bytes each rank may read from its peers in one host all-reduce before the selector switches from the latency

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{CommError, FailureDomain, NcclOptions};
+use crate::{CommError, FailureDomain, NcclOptions, StepHook};
 
 /// Which backend runs a communicator's collectives. Named once, at construction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -71,6 +71,9 @@ pub struct CommOptions {
     /// [`FailureDomain`]). Unset: a domain of its own, keyed under `comm/<name>/failure` in its store. A
     /// `ProcessGroupCollection` sets one domain for all its communicators.
     pub failure_domain: Option<Arc<FailureDomain>>,
+    /// Host backend: a function called at every named [`Step`](crate::Step) of the bootstrap (fault injection;
+    /// see [`StepHook`]). Unset by default. Other backends do not call it.
+    pub on_step: Option<StepHook>,
 }
 
 impl Default for CommOptions {
@@ -91,6 +94,7 @@ impl CommOptions {
             scratch_bytes: None,
             nccl: NcclOptions::default(),
             failure_domain: None,
+            on_step: None,
         }
     }
 

@@ -5,14 +5,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use hypercomm_comm::device::{DeviceCommunicator, Gpu, ProcessGroup};
-use hypercomm_comm::{BackendKind, CommOptions, Communicator, FailureDomain};
+use hypercomm_comm::{BackendKind, CommOptions, Communicator, FailureDomain, StepHook};
 use hypercomm_grid::layout::ParallelLayout;
 use hypercomm_grid::{DimSet, Grid};
 use hypercomm_store::{Key, Store};
 
 use crate::collection::{Entry, ProcessGroupCollection, WORLD};
 use crate::plan::{CustomGroups, Slot, Topology};
-use crate::{CollectionError, GroupOptions};
+use crate::{BuildHook, BuildStep, CollectionError, GroupOptions};
 
 /// When communicators are created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -36,6 +36,7 @@ pub struct CollectionBuilder {
     pub(crate) force_tcp: bool,
     pub(crate) gpu: Option<Arc<Gpu>>,
     pub(crate) world_group: bool,
+    pub(crate) hook: Option<BuildHook>,
 }
 
 impl CollectionBuilder {
@@ -133,6 +134,36 @@ impl CollectionBuilder {
         self
     }
 
+    /// Calls `hook` at every named step of the build: each group's communicator bootstrap, each group created,
+    /// the end (see [`BuildStep`]). For fault injection: the hook may stall, panic or end the process. It is passed
+    /// to every group's communicator options (nothing global), so it also sees the bootstraps of lazily created
+    /// groups.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use hypercomm_grid::layout::LayoutConfig;
+    /// use hypercomm_store::{MemoryStore, Store};
+    /// use process_group_collection::{BuildStep, ProcessGroupCollection};
+    ///
+    /// let layout = LayoutConfig::new(4).tp(2).build()?;
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// # let rank = 0;
+    /// let pgc = ProcessGroupCollection::for_layout("chaos", layout)
+    ///     .with_step_hook(move |step: &BuildStep<'_>| {
+    ///         // Kill rank 0 right after it created the dp group's shared memory.
+    ///         if rank == 0 && step.name() == "segment_created" && step.group().is_some_and(|g| g.kind == "dp") {
+    ///             std::process::abort();
+    ///         }
+    ///     })
+    ///     .build(rank, store)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn with_step_hook(mut self, hook: impl Fn(&BuildStep<'_>) + Send + Sync + 'static) -> Self {
+        self.hook = Some(BuildHook::new(hook));
+        self
+    }
+
     fn prepare(&mut self, rank: usize) -> Result<Vec<Entry>, CollectionError> {
         if self.world_group && !self.topology.custom.iter().any(|(k, _)| k == WORLD) {
             let Some(layout) = &self.topology.layout else {
@@ -165,6 +196,15 @@ impl CollectionBuilder {
         };
         if let Some(set) = self.options.get(&slot.id.kind) {
             options = set.apply(options)?;
+        }
+        if let Some(hook) = &self.hook {
+            let (hook, group) = (hook.clone(), slot.id.clone());
+            options.on_step = Some(StepHook::new(move |step| {
+                hook.call(&BuildStep::Comm {
+                    group: &group,
+                    step,
+                });
+            }));
         }
         let comm_err = |source| CollectionError::Comm {
             collection: self.name.clone(),
@@ -228,9 +268,11 @@ impl CollectionBuilder {
             for entry in &collection.entries {
                 if entry.membership.is_ok() {
                     collection.create(entry)?;
+                    collection.step(self.hook.as_ref(), Some(&entry.id));
                 }
             }
             collection.barrier_all()?;
+            collection.step(self.hook.as_ref(), None);
         }
         Ok(collection)
     }
@@ -356,6 +398,12 @@ impl CollectionBuilder {
                 let _ = entry
                     .group
                     .set(ProcessGroup::new(child, device).map_err(comm_err)?);
+                if let Some(hook) = &self.hook {
+                    hook.call(&BuildStep::GroupCreated {
+                        collection: &self.name,
+                        group: &entry.id,
+                    });
+                }
             }
         }
         let collection = ProcessGroupCollection {
@@ -367,11 +415,26 @@ impl CollectionBuilder {
             gpu: self.gpu,
         };
         collection.barrier_all()?;
+        collection.step(self.hook.as_ref(), None);
         Ok(collection)
     }
 }
 
 impl ProcessGroupCollection {
+    /// Runs `hook`, if any, at `group_created` for `group`, or at `built` without one.
+    fn step(&self, hook: Option<&BuildHook>, group: Option<&crate::GroupId>) {
+        let Some(hook) = hook else { return };
+        hook.call(&match group {
+            Some(group) => BuildStep::GroupCreated {
+                collection: &self.name,
+                group,
+            },
+            None => BuildStep::Built {
+                collection: &self.name,
+            },
+        });
+    }
+
     /// A builder for the groups of `layout`, namespaced by `name` (use a distinct name per model instance).
     pub fn for_layout(name: impl Into<String>, layout: ParallelLayout) -> CollectionBuilder {
         CollectionBuilder {
@@ -395,6 +458,7 @@ impl ProcessGroupCollection {
             force_tcp: false,
             gpu: None,
             world_group: false,
+            hook: None,
         }
     }
 }

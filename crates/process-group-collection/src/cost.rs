@@ -57,7 +57,7 @@ impl CostReport {
     }
 }
 
-/// The bootstrap record a leader writes, shaped as on this machine (host identity, pid, segment path).
+/// The bootstrap record a leader writes, shaped as on this machine (host identity, pid, segment socket name).
 fn leader_record() -> Vec<u8> {
     let read = |p: &str| {
         std::fs::read_to_string(p)
@@ -70,12 +70,7 @@ fn leader_record() -> Vec<u8> {
         read("/proc/sys/kernel/hostname")
     );
     let pid = std::process::id();
-    format!(
-        "{identity}\n{pid}\n/dev/shm/hypercomm-{pid}-{:016x}-{:012x}",
-        u64::MAX,
-        u64::MAX >> 16
-    )
-    .into_bytes()
+    format!("{identity}\n{pid}\nhypercomm/{pid}/{:016x}", u64::MAX).into_bytes()
 }
 
 /// Simulates the store traffic of building the collection `name` over `layout` on every rank (store-keyed

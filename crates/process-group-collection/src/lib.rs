@@ -35,6 +35,7 @@ mod group_id;
 mod options;
 mod plan;
 mod rebuild;
+mod steps;
 
 pub use builder::{CollectionBuilder, Creation};
 pub use collection::ProcessGroupCollection;
@@ -43,3 +44,4 @@ pub use group_id::GroupId;
 pub use options::{GroupOptionSet, GroupOptions};
 pub use plan::CustomGroups;
 pub use rebuild::ShrunkLayout;
+pub use steps::{BuildHook, BuildStep};

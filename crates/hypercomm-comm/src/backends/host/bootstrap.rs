@@ -3,33 +3,40 @@
 //!
 //! Keys (all under `comm/<name>/`):
 //!
-//! 1. `leader`: rank 0 publishes `"<host identity>\n<pid>\n<segment path or empty>"`. Unless TCP is forced, it has
-//!    just created the shared-memory segment and attached to it.
-//! 2. Every other rank reads `leader`. A rank on the leader's host (same boot id and hostname) maps the segment
-//!    and attaches (writes its pid into its control block) before going on.
+//! 1. `leader`: rank 0 publishes `"<host identity>\n<pid>\n<socket name or empty>"`. Unless TCP is forced, it has
+//!    just created the shared-memory segment (an anonymous memfd), attached to it and started serving its
+//!    descriptor on a socket in the abstract namespace (see `fdpass`), from a thread of its own until step 4.
+//! 2. Every other rank reads `leader`. A rank on the leader's host (same boot id and hostname) fetches the segment
+//!    over the socket, maps it and attaches (writes its pid into its control block) before going on.
 //! 3. `arrived/<rank>`: every rank marks its arrival (read only to name the absent ranks when the bootstrap times
 //!    out); then `arrivals`: every rank adds 1 if it shares the leader's host, `n + 1` otherwise. The sum tells how many have
 //!    arrived (`sum mod (n+1)` plus `sum div (n+1)`) and how many are remote; the rank whose add completes the count
 //!    writes `decision`: `shm` (all local, TCP not forced), `tcp-local` (all local, TCP forced) or `tcp`.
-//! 4. Everyone reads `decision`. Under `shm` every rank attached before its add, so the leader removes the
-//!    segment's file name at once; the peers' pids come from the segment. Under TCP the segment is dropped, the
-//!    leader publishes its listening address under `tcp`, and the mesh is built peer to peer through the leader
-//!    (see `mesh`).
+//! 4. Everyone reads `decision`; rank 0 stops serving the segment. Under `shm` every rank attached before its add;
+//!    the peers' pids come from the segment. Under TCP the segment is dropped, the leader publishes its listening
+//!    address under `tcp`, and the mesh is built peer to peer through the leader (see `mesh`).
+//!
+//! No step leaves anything named behind: the segment and the socket vanish with the last process holding them.
+//! The caller's [`StepHook`](crate::StepHook) runs at each [`Step`].
 //!
 //! Per rank: 4 or 5 requests (one more for the rank that decides), a few hundred bytes.
 
-use std::path::PathBuf;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Instant;
 
 use hypercomm_store::{Key, Store, StoreError};
 
 use super::DEFAULT_SCRATCH;
+use super::fdpass;
+use super::liveness::process_alive;
 use super::mesh;
 use super::segment::Segment;
 use super::shm::ShmTransport;
 use super::tcp::TcpTransport;
 use super::transport::Transport;
-use crate::CommError;
 use crate::options::CommOptions;
+use crate::{CommError, Step};
 
 /// Bytes per point-to-point mailbox: enough for small messages in one piece without growing the segment much.
 const MAILBOX_BYTES: usize = 64 * 1024;
@@ -42,6 +49,13 @@ fn store_err(comm: &str) -> impl FnOnce(StoreError) -> CommError + '_ {
     move |source| CommError::Store {
         comm: comm.to_owned(),
         source,
+    }
+}
+
+/// Runs the caller's hook, if any, at `step`.
+fn step(options: &CommOptions, step: Step<'_>) {
+    if let Some(hook) = &options.on_step {
+        hook.call(&step);
     }
 }
 
@@ -66,10 +80,31 @@ fn get_or_name_missing(
     }
 }
 
-/// The ranks of `0..n` that have not written `arrived/<rank>`: the ones a stuck bootstrap is waiting for.
-fn not_arrived(store: &dyn Store, name: &str, n: usize) -> Vec<usize> {
+/// The ranks a stuck bootstrap is waiting for: those of `0..n` that have not written `arrived/<rank>`, and those
+/// whose process is known to be dead (a rank killed between its `arrived/<rank>` and its add to `arrivals`):
+/// rank 0 by the pid in its record, the attached ranks by the pids in the segment.
+fn not_arrived(
+    store: &dyn Store,
+    name: &str,
+    n: usize,
+    leader_pid: Option<u32>,
+    segment: Option<&Segment>,
+) -> Vec<usize> {
     (0..n)
-        .filter(|&r| !matches!(store.try_get(&key(name, "arrived").push(r)), Ok(Some(_))))
+        .filter(|&r| {
+            let absent = !matches!(store.try_get(&key(name, "arrived").push(r)), Ok(Some(_)));
+            let pid = match (r, segment) {
+                (0, _) => leader_pid,
+                (_, Some(seg)) => Some(
+                    seg.rank_ctl(r)
+                        .pid
+                        .load(std::sync::atomic::Ordering::SeqCst),
+                )
+                .filter(|&p| p != 0),
+                (_, None) => None,
+            };
+            absent || pid.is_some_and(|p| !process_alive(p))
+        })
         .collect()
 }
 
@@ -96,32 +131,31 @@ fn host_identity() -> String {
 /// What rank 0 publishes.
 struct LeaderRecord {
     identity: String,
-    segment: Option<PathBuf>,
+    pid: u32,
+    /// The abstract socket name the segment is served on, when there is a segment.
+    socket: Option<String>,
 }
 
 impl LeaderRecord {
     fn encode(&self) -> Vec<u8> {
-        let path = self
-            .segment
-            .as_ref()
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        format!("{}\n{}\n{path}", self.identity, std::process::id()).into_bytes()
+        let socket = self.socket.as_deref().unwrap_or_default();
+        format!("{}\n{}\n{socket}", self.identity, self.pid).into_bytes()
     }
 
     fn decode(comm: &str, bytes: &[u8]) -> Result<LeaderRecord, CommError> {
         let text = String::from_utf8_lossy(bytes);
         let mut lines = text.splitn(3, '\n');
         match (lines.next(), lines.next(), lines.next()) {
-            (Some(identity), Some(pid), Some(path)) if pid.parse::<u32>().is_ok() => {
+            (Some(identity), Some(pid), Some(socket)) if pid.parse::<u32>().is_ok() => {
                 Ok(LeaderRecord {
                     identity: identity.to_owned(),
-                    segment: (!path.is_empty()).then(|| PathBuf::from(path)),
+                    pid: pid.parse().unwrap_or_default(),
+                    socket: (!socket.is_empty()).then(|| socket.to_owned()),
                 })
             }
             _ => Err(protocol(
                 comm,
-                format!("rank 0's bootstrap record {text:?} is not \"identity\\npid\\npath\""),
+                format!("rank 0's bootstrap record {text:?} is not \"identity\\npid\\nsocket\""),
             )),
         }
     }
@@ -160,6 +194,14 @@ impl Decision {
     }
 }
 
+/// Where this rank stands after step 2: its mapping of the segment (ranks on rank 0's host, unless TCP is forced)
+/// and whether it shares rank 0's host.
+struct Joined {
+    segment: Option<Segment>,
+    local: bool,
+    leader_pid: Option<u32>,
+}
+
 /// Connects rank `me` of `n`; returns the transport and its name.
 pub(crate) fn connect(
     store: &dyn Store,
@@ -168,30 +210,9 @@ pub(crate) fn connect(
     options: &CommOptions,
 ) -> Result<(Box<dyn Transport>, &'static str), CommError> {
     let name = options.name.as_str();
-    let timeout = options.timeout;
     let scratch = options.scratch_bytes.unwrap_or(DEFAULT_SCRATCH);
     let identity = host_identity();
-
-    // 1-2: the leader's record, and the segment for ranks on its host.
-    let (segment, local) = if me == 0 {
-        let segment = if options.force_tcp {
-            None
-        } else {
-            let seg = Segment::create(name, n, scratch, MAILBOX_BYTES.min(scratch))?;
-            seg.rank_ctl(0)
-                .pid
-                .store(std::process::id(), std::sync::atomic::Ordering::SeqCst);
-            Some(seg)
-        };
-        let record = LeaderRecord {
-            identity: identity.clone(),
-            segment: segment.as_ref().and_then(Segment::path).map(PathBuf::from),
-        };
-        store
-            .set(&key(name, "leader"), &record.encode())
-            .map_err(store_err(name))?;
-        (segment, true)
-    } else {
+    if me != 0 {
         let bytes = get_or_name_missing(
             store,
             &key(name, "leader"),
@@ -200,20 +221,169 @@ pub(crate) fn connect(
             || vec![0],
         )?;
         let record = LeaderRecord::decode(name, &bytes)?;
+        step(
+            options,
+            Step::RecordRead {
+                comm: name,
+                rank: me,
+            },
+        );
         let local = record.identity == identity;
-        let segment = match (&record.segment, local) {
-            (Some(path), true) => {
-                let seg = Segment::open(name, path, n)?;
+        let segment = match (&record.socket, local) {
+            (Some(socket), true) => {
+                let fd = fdpass::fetch(name, socket, me, record.pid, options.timeout)?;
+                step(
+                    options,
+                    Step::SegmentReceived {
+                        comm: name,
+                        rank: me,
+                    },
+                );
+                let seg = Segment::from_fd(name, &fd, n)?;
+                // The mapping keeps the memory; the descriptor is no longer needed.
+                drop(fd);
                 seg.rank_ctl(me)
                     .pid
                     .store(std::process::id(), std::sync::atomic::Ordering::SeqCst);
+                step(
+                    options,
+                    Step::SegmentAttached {
+                        comm: name,
+                        rank: me,
+                    },
+                );
                 Some(seg)
             }
             _ => None,
         };
-        (segment, local)
-    };
+        let joined = Joined {
+            segment,
+            local,
+            leader_pid: local.then_some(record.pid),
+        };
+        return finish(store, n, me, options, scratch, joined);
+    }
+    if options.force_tcp {
+        publish(store, options, &identity, None)?;
+        let joined = Joined {
+            segment: None,
+            local: true,
+            leader_pid: None,
+        };
+        return finish(store, n, me, options, scratch, joined);
+    }
+    let (seg, fd): (Segment, OwnedFd) =
+        Segment::create(name, n, scratch, MAILBOX_BYTES.min(scratch))?;
+    seg.rank_ctl(0)
+        .pid
+        .store(std::process::id(), std::sync::atomic::Ordering::SeqCst);
+    step(options, Step::SegmentCreated { comm: name });
+    if n == 1 {
+        // Nobody to share the segment with: no socket, no service thread.
+        drop(fd);
+        publish(store, options, &identity, None)?;
+        let joined = Joined {
+            segment: Some(seg),
+            local: true,
+            leader_pid: None,
+        };
+        return finish(store, n, me, options, scratch, joined);
+    }
+    let listener = fdpass::listen(name)?;
+    step(options, Step::Listening { comm: name });
+    let (stop, stopped) = UnixStream::pair().map_err(|source| CommError::Io {
+        comm: name.to_owned(),
+        what: "creating the stop signal of the segment service".into(),
+        source,
+    })?;
+    // The service runs while this thread meets the others in the store, and stops when the decision is known (or
+    // the bootstrap fails): dropping `stop` wakes it.
+    let deadline = Instant::now() + options.timeout;
+    std::thread::scope(|scope| {
+        let server = std::thread::Builder::new()
+            .name(format!("hypercomm-{name}-segment"))
+            .spawn_scoped(scope, || {
+                listener.serve(name, n, fd.as_fd(), &stopped, deadline, |peer| {
+                    step(options, Step::SegmentSent { comm: name, peer });
+                })
+            })
+            .map_err(|source| CommError::Io {
+                comm: name.to_owned(),
+                what: "starting the segment service thread".into(),
+                source,
+            })?;
+        let joined = Joined {
+            segment: Some(seg),
+            local: true,
+            leader_pid: None,
+        };
+        let result = publish(store, options, &identity, Some(&listener.name))
+            .and_then(|()| finish_with(store, n, me, options, scratch, joined, || drop(stop)));
+        match server.join() {
+            // A hook that panicked on the service thread panics the caller as it would on this one.
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(served) => {
+                if let Err(e) = served {
+                    tracing::warn!("{e}");
+                }
+            }
+        }
+        result
+    })
+}
 
+/// Rank 0's step 1: its record.
+fn publish(
+    store: &dyn Store,
+    options: &CommOptions,
+    identity: &str,
+    socket: Option<&str>,
+) -> Result<(), CommError> {
+    let record = LeaderRecord {
+        identity: identity.to_owned(),
+        pid: std::process::id(),
+        socket: socket.map(str::to_owned),
+    };
+    store
+        .set(&key(&options.name, "leader"), &record.encode())
+        .map_err(store_err(&options.name))?;
+    step(
+        options,
+        Step::RecordPublished {
+            comm: &options.name,
+        },
+    );
+    Ok(())
+}
+
+fn finish(
+    store: &dyn Store,
+    n: usize,
+    me: usize,
+    options: &CommOptions,
+    scratch: usize,
+    joined: Joined,
+) -> Result<(Box<dyn Transport>, &'static str), CommError> {
+    finish_with(store, n, me, options, scratch, joined, || {})
+}
+
+/// Steps 3 and 4; `decided` runs as soon as the decision is known or the wait for it failed.
+fn finish_with(
+    store: &dyn Store,
+    n: usize,
+    me: usize,
+    options: &CommOptions,
+    scratch: usize,
+    joined: Joined,
+    decided: impl FnOnce(),
+) -> Result<(Box<dyn Transport>, &'static str), CommError> {
+    let name = options.name.as_str();
+    let timeout = options.timeout;
+    let Joined {
+        segment,
+        local,
+        leader_pid,
+    } = joined;
     // 3: arrivals, and the decision by whoever completes them. `arrived/<rank>` is read only when the decision
     // never comes, to name the ranks that did not arrive; it is written after counting in, so that a rank that
     // dies between the two is named too.
@@ -224,6 +394,13 @@ pub(crate) fn connect(
     store
         .set(&key(name, "arrived").push(me), b"")
         .map_err(store_err(name))?;
+    step(
+        options,
+        Step::Arrived {
+            comm: name,
+            rank: me,
+        },
+    );
     let (remote, near) = (sum / (n as i64 + 1), sum % (n as i64 + 1));
     if remote + near == n as i64 {
         let decision = match (remote, options.force_tcp) {
@@ -242,11 +419,26 @@ pub(crate) fn connect(
         &key(name, "decision"),
         options,
         "bootstrap: waiting for every rank to arrive",
-        || not_arrived(store, name, n),
-    )?;
-    match Decision::parse(name, &bytes)? {
+        || not_arrived(store, name, n, leader_pid, segment.as_ref()),
+    );
+    decided();
+    let decision = Decision::parse(name, &bytes?)?;
+    let transport = if decision == Decision::Shm {
+        "shm"
+    } else {
+        "tcp"
+    };
+    step(
+        options,
+        Step::Decided {
+            comm: name,
+            rank: me,
+            transport,
+        },
+    );
+    let built: (Box<dyn Transport>, &'static str) = match decision {
         Decision::Shm => {
-            let mut seg = segment.ok_or_else(|| {
+            let seg = segment.ok_or_else(|| {
                 protocol(
                     name,
                     "the ranks chose shared memory, but this rank could not map the segment".into(),
@@ -265,15 +457,13 @@ pub(crate) fn connect(
                     format!("rank {r} never attached to the shared-memory segment"),
                 ));
             }
-            // Every rank attached before adding to `arrivals`: the file name is no longer needed.
-            seg.unlink();
-            Ok((
+            (
                 Box::new(ShmTransport::new(seg, name.to_owned(), me, timeout, pids)),
                 "shm",
-            ))
+            )
         }
         decision => {
-            // Dropping the segment unmaps it (and, on the leader, removes its file).
+            // Dropping the segment unmaps it.
             drop(segment);
             let own = mesh::listen(name, decision == Decision::TcpLocal, options.host_addr)?;
             let leader = if me == 0 {
@@ -299,7 +489,15 @@ pub(crate) fn connect(
             };
             let peers = mesh::connect(name, n, me, own, leader, timeout)?;
             let tcp = TcpTransport::from_streams(peers, me, options, scratch)?;
-            Ok((Box::new(tcp), "tcp"))
+            (Box::new(tcp), "tcp")
         }
-    }
+    };
+    step(
+        options,
+        Step::Ready {
+            comm: name,
+            rank: me,
+        },
+    );
+    Ok(built)
 }

@@ -1,6 +1,6 @@
-//! Whether a rank's process is still alive: what shared-memory peers check before they wait on one another, and
-//! what a new segment's creator checks before sweeping files of dead ones. Its own room, so that the transport
-//! (`shm`) and the segment files (`segment`) both use it without importing each other.
+//! Whether a rank's process is still alive: what shared-memory peers check while they wait on one another, and what
+//! a bootstrap checks to tell a dead rank 0 (or a dead attached rank) from a slow one. Its own room, so that the
+//! transport (`shm`), the bootstrap and the descriptor exchange (`fdpass`) all use it without importing each other.
 
 /// Whether a process exists and is not a zombie.
 pub(crate) fn process_alive(pid: u32) -> bool {

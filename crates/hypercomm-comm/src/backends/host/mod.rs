@@ -1,12 +1,14 @@
 //! The host backend: collectives on CPU memory.
 //!
-//! Ranks on one machine (same boot id and hostname) move data through one shared-memory segment per communicator;
+//! Ranks on one machine (same boot id and hostname) move data through one shared-memory segment per communicator
+//! (an anonymous memfd handed over a nameless socket, so nothing is left behind however a rank ends);
 //! otherwise, or with [`CommOptions::force_tcp`](crate::CommOptions::force_tcp), through a full mesh of TCP
 //! connections. Both transports implement the same round primitive ([`transport`]), and every collective is
 //! written once against it ([`algorithms`]).
 
 mod algorithms;
 mod bootstrap;
+mod fdpass;
 mod header;
 mod liveness;
 mod mesh;

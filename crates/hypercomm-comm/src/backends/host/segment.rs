@@ -10,15 +10,15 @@
 //! | round buffers, 2 per rank | 64 + slot each | the owning rank | everyone, between barriers |
 //! | mailboxes, 1 per ordered pair | 64 + mailbox each | the sender | the receiver |
 //!
-//! Cleanup: the file lives in `/dev/shm`. The creator unlinks it as soon as every rank has attached (see
-//! `bootstrap`), so its name is gone while the communicator runs and the kernel frees the memory when the last
-//! mapping goes, however the processes end. The creator also unlinks on drop, covering failed bootstraps, and
-//! creating a segment first removes files whose creator process is gone (a creator killed mid-bootstrap).
+//! Lifetime: the segment is an anonymous `memfd`, with no name in any file system at any moment. Rank 0 creates it,
+//! seals its size (so no process can shrink it under another's mapping) and hands the descriptor to the ranks of
+//! its host over a nameless socket (`fdpass`). The kernel frees the memory when the last mapping and descriptor
+//! go, however the processes end: a rank killed at any point of a bootstrap leaves nothing to clean up.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use rustix::fs::{MemfdFlags, SealFlags};
 
 use memmap2::MmapMut;
 
@@ -34,7 +34,7 @@ pub(crate) const PREFIX: usize = 64;
 /// The segment's first bytes.
 #[repr(C)]
 pub(crate) struct SegHeader {
-    /// Written by the creator before it publishes the path; read by joiners to validate.
+    /// Written by the creator before it shares the segment; read by joiners to validate.
     pub magic: AtomicU64,
     /// Rank count. Creator writes once; joiners validate.
     pub ranks: AtomicU64,
@@ -83,8 +83,6 @@ pub(crate) struct Segment {
     pub n: usize,
     pub slot: usize,
     pub mailbox: usize,
-    /// Set while this rank created the file and has not unlinked it yet.
-    path: Option<PathBuf>,
 }
 
 // SAFETY: the raw pointer is into a mapping owned by the `Segment`; the segment is moved between threads as a
@@ -128,13 +126,14 @@ impl Segment {
         }
     }
 
-    /// Creates a new segment file in `/dev/shm` and maps it.
+    /// Creates a new anonymous segment, sized and sealed, and maps it. Returns the descriptor to share with the
+    /// peers (see `fdpass`); dropping it once they have theirs leaves the mappings as the only references.
     pub(crate) fn create(
         comm: &str,
         n: usize,
         slot: usize,
         mailbox: usize,
-    ) -> Result<Segment, CommError> {
+    ) -> Result<(Segment, OwnedFd), CommError> {
         let slot = round_up(slot, 64);
         let mailbox = round_up(mailbox, 64);
         let lay = layout(n, slot, mailbox).ok_or_else(|| CommError::InvalidArgument {
@@ -143,8 +142,25 @@ impl Segment {
                 "shared-memory segment for {n} ranks with {slot}-byte slots overflows usize"
             ),
         })?;
-        let (file, path) = create_unique(comm)?;
-        let mut seg = Segment::map(comm, &file, lay, n, slot, mailbox, Some(path))?;
+        let errno = |what: String| {
+            move |e: rustix::io::Errno| CommError::Io {
+                comm: comm.to_owned(),
+                what,
+                source: std::io::Error::from_raw_os_error(e.raw_os_error()),
+            }
+        };
+        let fd = rustix::fs::memfd_create(
+            "hypercomm-segment",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(errno("creating shared memory (memfd_create)".into()))?;
+        rustix::fs::ftruncate(&fd, lay.total as u64).map_err(errno(format!(
+            "sizing shared memory to {} bytes",
+            lay.total
+        )))?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(errno("sealing the shared memory's size".into()))?;
+        let seg = Segment::map(comm, &fd, lay, n, slot, mailbox)?;
         let h = seg.header();
         h.ranks
             .store(n as u64, std::sync::atomic::Ordering::Relaxed);
@@ -153,57 +169,50 @@ impl Segment {
         h.mailbox_bytes
             .store(mailbox as u64, std::sync::atomic::Ordering::Relaxed);
         h.magic.store(MAGIC, std::sync::atomic::Ordering::SeqCst);
-        seg.path = seg.path.take();
-        Ok(seg)
+        Ok((seg, fd))
     }
 
-    /// Maps an existing segment created by a peer and checks that it is what the peer said.
-    pub(crate) fn open(comm: &str, path: &Path, n: usize) -> Result<Segment, CommError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(Self::io(
-                comm,
-                format!("opening shared memory {}", path.display()),
-            ))?;
-        let len = file
-            .metadata()
-            .map_err(Self::io(comm, format!("inspecting {}", path.display())))?
-            .len();
+    /// Maps a segment received from rank 0 and checks that it is what rank 0 said: a size-sealed memory file
+    /// holding a hypercomm segment for `n` ranks, as large as its declared geometry.
+    pub(crate) fn from_fd(comm: &str, fd: &OwnedFd, n: usize) -> Result<Segment, CommError> {
         let bad = |what: String| CommError::Protocol {
             comm: comm.to_owned(),
-            what,
+            what: format!("the segment from rank 0 {what}"),
         };
-        if (len as usize) < HEADER_REGION {
+        let errno = |what: &'static str| {
+            move |e: rustix::io::Errno| CommError::Io {
+                comm: comm.to_owned(),
+                what: what.to_owned(),
+                source: std::io::Error::from_raw_os_error(e.raw_os_error()),
+            }
+        };
+        let seals = rustix::fs::fcntl_get_seals(fd)
+            .map_err(errno("reading the seals of the segment from rank 0"))?;
+        if !seals.contains(SealFlags::SHRINK) {
             return Err(bad(format!(
-                "{} is {len} bytes, smaller than a header",
-                path.display()
+                "can shrink (seals {seals:?}): a mapping of it could fault"
             )));
         }
+        let len = rustix::fs::fstat(fd)
+            .map_err(errno("inspecting the segment from rank 0"))?
+            .st_size;
+        let len = u64::try_from(len).unwrap_or(0);
+        if len < HEADER_REGION as u64 {
+            return Err(bad(format!("is {len} bytes, smaller than a header")));
+        }
         // Map the header alone first to learn the geometry.
-        let probe = Segment::map(
-            comm,
-            &file,
-            layout(0, 0, 0).unwrap_or(Layout {
-                ctl: 0,
-                mail_ctl: 0,
-                bufs: 0,
-                mail: 0,
-                total: HEADER_REGION,
-            }),
-            0,
-            0,
-            0,
-            None,
-        )?;
+        let header_only = Layout {
+            ctl: 0,
+            mail_ctl: 0,
+            bufs: 0,
+            mail: 0,
+            total: HEADER_REGION,
+        };
+        let probe = Segment::map(comm, fd, header_only, 0, 0, 0)?;
         let h = probe.header();
         use std::sync::atomic::Ordering::SeqCst;
         if h.magic.load(SeqCst) != MAGIC || h.ranks.load(SeqCst) != n as u64 {
-            return Err(bad(format!(
-                "{} is not a hypercomm segment for {n} ranks",
-                path.display()
-            )));
+            return Err(bad(format!("is not a hypercomm segment for {n} ranks")));
         }
         let slot = usize::try_from(h.slot_bytes.load(SeqCst)).unwrap_or(usize::MAX);
         let mailbox = usize::try_from(h.mailbox_bytes.load(SeqCst)).unwrap_or(usize::MAX);
@@ -212,32 +221,26 @@ impl Segment {
             .filter(|l| l.total as u64 <= len)
             .ok_or_else(|| {
                 bad(format!(
-                    "{} is too small for its declared geometry",
-                    path.display()
+                    "({len} bytes) is too small for its declared geometry"
                 ))
             })?;
-        Segment::map(comm, &file, lay, n, slot, mailbox, None)
+        Segment::map(comm, fd, lay, n, slot, mailbox)
     }
 
     fn map(
         comm: &str,
-        file: &File,
+        fd: &impl AsFd,
         lay: Layout,
         n: usize,
         slot: usize,
         mailbox: usize,
-        path: Option<PathBuf>,
     ) -> Result<Segment, CommError> {
-        if path.is_some() {
-            file.set_len(lay.total as u64).map_err(Self::io(
-                comm,
-                format!("sizing shared memory to {} bytes", lay.total),
-            ))?;
-        }
-        // SAFETY: the file is a private-named tmpfs file shared only with the ranks of this communicator, which
-        // access it through atomics and the round protocol; nobody truncates it while mapped (only the creator
-        // sizes it, before publishing its name).
-        let mut map = unsafe { memmap2::MmapOptions::new().len(lay.total).map_mut(file) }.map_err(
+        let fd = fd.as_fd();
+        // SAFETY: the descriptor is an anonymous memory file shared only with the ranks of this communicator (over
+        // a socket, see `fdpass`), which access it through atomics and the round protocol. Its size is sealed
+        // against shrinking (checked by `from_fd`, set by `create` before the file is shared), so the mapping never
+        // outgrows the file.
+        let mut map = unsafe { memmap2::MmapOptions::new().len(lay.total).map_mut(&fd) }.map_err(
             Self::io(
                 comm,
                 format!("mapping {} bytes of shared memory", lay.total),
@@ -250,7 +253,6 @@ impl Segment {
             n,
             slot,
             mailbox,
-            path,
         })
     }
 
@@ -265,21 +267,9 @@ impl Segment {
         })
     }
 
-    /// The segment's path while this rank still owns the name.
-    pub(crate) fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
-    }
-
-    /// Removes the file name (the memory stays until the last mapping goes).
-    pub(crate) fn unlink(&mut self) {
-        if let Some(path) = self.path.take() {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-
     pub(crate) fn header(&self) -> &SegHeader {
         // SAFETY: offset 0 of a page-aligned mapping of at least HEADER_REGION bytes; SegHeader is made of atomics,
-        // valid for any bit pattern (the file starts zeroed) and sound to share between processes.
+        // valid for any bit pattern (the memory file starts zeroed) and sound to share between processes.
         unsafe { &*self.base.cast::<SegHeader>() }
     }
 
@@ -321,96 +311,43 @@ impl Segment {
     }
 }
 
-impl Drop for Segment {
-    fn drop(&mut self) {
-        self.unlink();
-    }
-}
-
-/// Removes segment files whose creating process is gone: a creator that died between creating its segment and
-/// the end of the bootstrap (when the name is normally removed) cannot clean up after itself. Files are named
-/// `hypercomm-<creator pid>-...`; a file whose pid belongs to a live process is left alone.
-fn sweep_stale(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("hypercomm-"))
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid != std::process::id() && !super::liveness::process_alive(pid) {
-            // Another rank may sweep the same file at the same moment; either removal is fine.
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
-fn create_unique(comm: &str) -> Result<(File, PathBuf), CommError> {
-    sweep_stale(Path::new("/dev/shm"));
-    let pid = std::process::id();
-    let mut last = None;
-    for attempt in 0..16u32 {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let local = 0u8;
-        let salt = (&local as *const u8 as usize) ^ (attempt as usize);
-        let path = PathBuf::from(format!("/dev/shm/hypercomm-{pid}-{nanos:x}-{salt:x}"));
-        match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(file) => return Ok((file, path)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => {
-                return Err(CommError::Io {
-                    comm: comm.to_owned(),
-                    what: format!("creating shared memory {}", path.display()),
-                    source: e,
-                });
-            }
-        }
-    }
-    Err(CommError::Io {
-        comm: comm.to_owned(),
-        what: "creating a uniquely named shared-memory file after 16 attempts".to_owned(),
-        source: last.unwrap_or_else(|| std::io::Error::other("name collisions")),
-    })
-}
-
 #[cfg(test)]
-mod sweep_tests {
+mod tests {
+    use std::sync::atomic::Ordering::SeqCst;
+
     use super::*;
 
     #[test]
-    fn sweep_removes_only_files_of_dead_creators() {
-        let dir = std::env::temp_dir().join(format!("hypercomm-sweep-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        // A child that has exited and been reaped: its pid is dead (unless reused in the meantime, which would only
-        // make the sweep keep the file; the assertion below allows for that by re-checking liveness).
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        let stale = dir.join(format!("hypercomm-{dead}-1-2"));
-        let mine = dir.join(format!("hypercomm-{}-1-2", std::process::id()));
-        let other = dir.join("unrelated-file");
-        for f in [&stale, &mine, &other] {
-            std::fs::write(f, b"x").unwrap();
-        }
-        sweep_stale(&dir);
-        assert_eq!(stale.exists(), super::super::liveness::process_alive(dead));
-        assert!(mine.exists());
-        assert!(other.exists());
-        std::fs::remove_dir_all(&dir).unwrap();
+    fn a_mapping_from_the_descriptor_sees_the_creators_writes_and_its_size_is_sealed() {
+        let (created, fd) = Segment::create("seg", 3, 100, 64).unwrap();
+        let joined = Segment::from_fd("seg", &fd, 3).unwrap();
+        assert_eq!(
+            (joined.slot, joined.mailbox),
+            (created.slot, created.mailbox)
+        );
+        created.rank_ctl(2).pid.store(4242, SeqCst);
+        assert_eq!(joined.rank_ctl(2).pid.load(SeqCst), 4242);
+        // SAFETY: rank 1's round buffer 0 lies inside both mappings; nothing else touches it in this test.
+        unsafe { created.buffer(1, 0).add(PREFIX).write(7) };
+        // SAFETY: as above.
+        assert_eq!(unsafe { joined.buffer(1, 0).add(PREFIX).read() }, 7);
+        assert!(
+            rustix::fs::ftruncate(&fd, 64).is_err(),
+            "shrinking must be sealed"
+        );
+    }
+
+    #[test]
+    fn descriptors_that_are_not_a_sealed_segment_for_n_ranks_are_refused() {
+        let (_, fd) = Segment::create("seg", 2, 64, 64).unwrap();
+        let err = Segment::from_fd("seg", &fd, 3).err().unwrap().to_string();
+        assert!(err.contains("not a hypercomm segment for 3 ranks"), "{err}");
+        let loose = rustix::fs::memfd_create("loose", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&loose, 1 << 16).unwrap();
+        let err = Segment::from_fd("seg", &loose, 2)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("can shrink"), "{err}");
     }
 }
