@@ -5,6 +5,9 @@
 //! is sent), then moves its buffers into a job for the communicator's progress thread, which runs jobs one at a
 //! time in issue order, and returns a [`Work`] handle that gives the buffers back.
 //!
+//! The progress thread starts with the first operation, not with the communicator: a collection builds a
+//! communicator for every group of a layout (22 kinds), and the groups a program never uses then cost no thread.
+//!
 //! The progress thread and its job queue are in `engine`; the collectives, each a job for it, in `collectives`.
 
 mod collectives;
@@ -64,7 +67,6 @@ pub struct Communicator {
     transport: &'static str,
     shared: Arc<Shared>,
     domain: Arc<FailureDomain>,
-    progress: Mutex<Option<JoinHandle<()>>>,
     splits: AtomicU64,
     shrinks: AtomicU64,
 }
@@ -73,7 +75,19 @@ pub struct Communicator {
 /// progress thread.
 pub(crate) struct Shared {
     broken: Arc<Mutex<Option<String>>>,
-    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    lane: Mutex<Lane>,
+    /// The progress thread, once started; joined on drop.
+    progress: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Where a communicator's operations go.
+enum Lane {
+    /// No operation yet: the engine waits here, with no thread.
+    Idle(Box<Engine>),
+    /// The progress thread runs what is sent here.
+    Running(mpsc::Sender<Job>),
+    /// Aborted or dropped: nothing runs any more.
+    Closed,
 }
 
 impl Shared {
@@ -87,8 +101,63 @@ impl Shared {
             }
             *broken = Some(cause.to_owned());
         }
-        if let Some(sender) = lock(&self.queue).take() {
-            let _ = sender.send(Box::new(|engine: &mut Engine| engine.backend.abort()));
+        self.close_telling_peers();
+    }
+
+    /// Closes the lane after telling the peers this rank gives up: through the progress thread when it runs
+    /// (after the operations already queued), at once on this thread when no operation ever started it.
+    fn close_telling_peers(&self) {
+        // Taken out first, so that the lock is not held while an idle engine tells its peers.
+        let lane = std::mem::replace(&mut *lock(&self.lane), Lane::Closed);
+        match lane {
+            Lane::Idle(mut engine) => engine.backend.abort(),
+            Lane::Running(sender) => {
+                let _ = sender.send(Box::new(|engine: &mut Engine| engine.backend.abort()));
+            }
+            Lane::Closed => {}
+        }
+    }
+
+    /// Starts the progress thread for `engine`; on failure the communicator is broken.
+    fn start(&self, comm: &str, mut engine: Box<Engine>) -> Result<mpsc::Sender<Job>, CommError> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let progress = std::thread::Builder::new()
+            .name(format!("hypercomm-{comm}"))
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job(&mut engine);
+                }
+            })
+            .map_err(|source| {
+                lock(&self.broken)
+                    .get_or_insert_with(|| "its progress thread could not start".into());
+                CommError::Io {
+                    comm: comm.to_owned(),
+                    what: "starting the progress thread".into(),
+                    source,
+                }
+            })?;
+        *lock(&self.progress) = Some(progress);
+        Ok(tx)
+    }
+
+    /// Hands `job` to the progress thread, starting it with the first job.
+    fn send(&self, comm: &str, job: Job) -> Result<(), CommError> {
+        let mut lane = lock(&self.lane);
+        // An idle engine leaves the lane for its new thread; should the thread not start, the lane stays closed.
+        *lane = match std::mem::replace(&mut *lane, Lane::Closed) {
+            Lane::Idle(engine) => Lane::Running(self.start(comm, engine)?),
+            other => other,
+        };
+        match &*lane {
+            Lane::Running(sender) => sender.send(job).map_err(|_| CommError::Broken {
+                comm: comm.to_owned(),
+                cause: "the progress thread has stopped".into(),
+            }),
+            _ => Err(CommError::Broken {
+                comm: comm.to_owned(),
+                cause: "the communicator was aborted".into(),
+            }),
         }
     }
 }
@@ -150,7 +219,7 @@ impl Communicator {
         };
         let transport = backend.transport_name();
         let broken = Arc::new(Mutex::new(None));
-        let mut engine = Engine {
+        let engine = Engine {
             backend,
             broken: Arc::clone(&broken),
             comm: options.name.clone(),
@@ -158,22 +227,10 @@ impl Communicator {
             members: ranks.clone(),
             timeout: options.timeout,
         };
-        let (tx, rx) = mpsc::channel::<Job>();
-        let progress = std::thread::Builder::new()
-            .name(format!("hypercomm-{}", options.name))
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    job(&mut engine);
-                }
-            })
-            .map_err(|source| CommError::Io {
-                comm: options.name.clone(),
-                what: "starting the progress thread".into(),
-                source,
-            })?;
         let shared = Arc::new(Shared {
             broken,
-            queue: Mutex::new(Some(tx)),
+            lane: Mutex::new(Lane::Idle(Box::new(engine))),
+            progress: Mutex::new(None),
         });
         domain.register(&shared);
         Ok(Communicator {
@@ -186,7 +243,6 @@ impl Communicator {
             transport,
             shared,
             domain,
-            progress: Mutex::new(Some(progress)),
             splits: AtomicU64::new(0),
             shrinks: AtomicU64::new(0),
         })
@@ -321,15 +377,7 @@ impl Communicator {
         }
         let (work, done) = pair(&self.name);
         let job: Job = Box::new(move |engine: &mut Engine| done.complete(engine.execute(f)));
-        let queue = lock(&self.shared.queue);
-        let sender = queue.as_ref().ok_or_else(|| CommError::Broken {
-            comm: self.name.clone(),
-            cause: "the communicator was aborted".into(),
-        })?;
-        sender.send(job).map_err(|_| CommError::Broken {
-            comm: self.name.clone(),
-            cause: "the progress thread has stopped".into(),
-        })?;
+        self.shared.send(&self.name, job)?;
         Ok(work)
     }
 
@@ -387,19 +435,89 @@ impl Communicator {
             // this rank already recorded a failure in its domain, which stays its record).
             self.domain.record_abort();
         }
-        if let Some(sender) = lock(&self.shared.queue).take() {
-            let _ = sender.send(Box::new(|engine: &mut Engine| engine.backend.abort()));
-        }
+        self.shared.close_telling_peers();
         // Drop joins the progress thread.
     }
 }
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // Closing the queue ends the progress thread after the operations already issued.
-        drop(lock(&self.shared.queue).take());
-        if let Some(handle) = lock(&self.progress).take() {
+        // Closing the lane ends the progress thread after the operations already issued (an engine that never
+        // ran an operation is dropped here).
+        drop(std::mem::replace(
+            &mut *lock(&self.shared.lane),
+            Lane::Closed,
+        ));
+        if let Some(handle) = lock(&self.shared.progress).take() {
             let _ = handle.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use hypercomm_store::MemoryStore;
+
+    use super::Communicator;
+    use crate::{BackendKind, CommOptions, ReduceOp};
+
+    /// How many threads of this process carry `name` (Linux truncates thread names to 15 bytes).
+    fn threads_named(name: &str) -> usize {
+        let short = &name[..name.len().min(15)];
+        std::fs::read_dir("/proc/self/task")
+            .map(|tasks| {
+                tasks
+                    .filter_map(Result::ok)
+                    .filter(|t| {
+                        std::fs::read_to_string(t.path().join("comm"))
+                            .is_ok_and(|c| c.trim_end() == short)
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn the_progress_thread_starts_with_the_first_operation_and_ends_with_the_communicator() {
+        let store = Arc::new(MemoryStore::new());
+        let comm = Communicator::world(BackendKind::Host, store, 1, 0, CommOptions::named("lzy"))
+            .expect("one-rank communicator");
+        assert_eq!(
+            threads_named("hypercomm-lzy"),
+            0,
+            "no thread before any operation"
+        );
+        let sum = comm
+            .all_reduce(vec![2.0f32], ReduceOp::Sum)
+            .and_then(|w| w.wait())
+            .expect("all-reduce");
+        assert_eq!(sum, [2.0]);
+        assert_eq!(
+            threads_named("hypercomm-lzy"),
+            1,
+            "the first operation started it"
+        );
+        drop(comm);
+        assert_eq!(
+            threads_named("hypercomm-lzy"),
+            0,
+            "dropping the communicator joined it"
+        );
+    }
+
+    #[test]
+    fn an_idle_communicator_aborts_and_drops_without_a_thread() {
+        let store = Arc::new(MemoryStore::new());
+        let comm = Communicator::world(BackendKind::Host, store, 1, 0, CommOptions::named("lzi"))
+            .expect("one-rank communicator");
+        comm.abort();
+        assert_eq!(threads_named("hypercomm-lzi"), 0);
+        let err = comm
+            .all_reduce(vec![1.0f32], ReduceOp::Sum)
+            .expect_err("an aborted communicator runs nothing");
+        assert!(matches!(err, crate::CommError::Broken { .. }), "{err}");
+        assert_eq!(threads_named("hypercomm-lzi"), 0, "not even to fail");
     }
 }
