@@ -86,7 +86,11 @@ fn hosts_rank() {
                     &out[..4]
                 ),
                 Err(e) => {
-                    println!("LOST group={name} ms={} err={e}", op.elapsed().as_millis());
+                    println!(
+                        "LOST group={name} ms={} lost={:?} err={e}",
+                        op.elapsed().as_millis(),
+                        e.lost_ranks()
+                    );
                     std::process::exit(LOST);
                 }
             }
@@ -306,9 +310,22 @@ fn two_hosts_share_memory_within_use_tcp_across_and_survive_losing_one() {
             "rank {rank} took {:?}: {message}",
             at - lost_at
         );
-        // It names lost ranks (numbered in its communicator or in the world: either way, a list of ranks) and says
-        // how they were lost.
-        assert!(message.contains("rank(s) ["), "rank {rank}: {message}");
+        // It names, by world rank, ranks of the lost host and no other (a rank that waited on a host-mate stuck on
+        // the lost host follows that host-mate's failure record to the lost ranks), and says how they were lost.
+        let named: Vec<usize> = message
+            .split_once(" lost=[")
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map(|(list, _)| {
+                list.split(',')
+                    .filter_map(|r| r.trim().parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let lost_host = RANKS_PER_HOST..2 * RANKS_PER_HOST;
+        assert!(
+            !named.is_empty() && named.iter().all(|r| lost_host.contains(r)),
+            "rank {rank} names {named:?}, not ranks of the lost host {lost_host:?}: {message}"
+        );
         assert!(
             ["did not respond", "died", "aborted"]
                 .iter()
