@@ -20,6 +20,22 @@ pub(crate) trait Fill {
     fn push(&mut self, grad: &Tensor) -> Result<()>;
 }
 
+/// Elements and bytes of the gradients appended so far: the size of a bucket whose contents keep no count of
+/// their own.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tally {
+    pub(crate) elements: usize,
+    pub(crate) bytes: usize,
+}
+
+impl Tally {
+    /// Counts `grad`.
+    pub(crate) fn add(&mut self, grad: &Tensor) {
+        self.elements += grad.elem_count();
+        self.bytes += grad.elem_count() * grad.dtype().size_in_bytes();
+    }
+}
+
 /// A bucket: its contents and, per gradient in it, the variable's index and the gradient's first element.
 pub(crate) struct Bucket<F> {
     pub(crate) fill: F,
@@ -81,16 +97,11 @@ impl<F: Fill> Buckets<F> {
 mod tests {
     use candle_core::{DType, Device, Tensor};
 
-    use super::{Bucket, Buckets, Fill};
+    use super::{Bucket, Buckets, Fill, Tally};
     use crate::Result;
 
     /// A bucket that only counts.
-    struct Count {
-        elements: usize,
-        bytes: usize,
-    }
-
-    impl Fill for Count {
+    impl Fill for Tally {
         fn elements(&self) -> usize {
             self.elements
         }
@@ -98,8 +109,7 @@ mod tests {
             self.bytes
         }
         fn push(&mut self, grad: &Tensor) -> Result<()> {
-            self.elements += grad.elem_count();
-            self.bytes += grad.elem_count() * grad.dtype().size_in_bytes();
+            self.add(grad);
             Ok(())
         }
     }
@@ -108,14 +118,11 @@ mod tests {
         Tensor::zeros(n, dtype, &Device::Cpu).expect("zeros")
     }
 
-    fn empty(_: DType) -> Result<Count> {
-        Ok(Count {
-            elements: 0,
-            bytes: 0,
-        })
+    fn empty(_: DType) -> Result<Tally> {
+        Ok(Tally::default())
     }
 
-    fn members(b: &Bucket<Count>) -> Vec<(usize, usize)> {
+    fn members(b: &Bucket<Tally>) -> Vec<(usize, usize)> {
         b.members.clone()
     }
 

@@ -18,7 +18,7 @@ use candle_core::{Tensor, Var};
 use candle_nn::VarMap;
 use hypercomm_comm::ReduceOp;
 
-use crate::bucket::{Bucket, Buckets, Fill};
+use crate::bucket::{Bucket, Buckets, Fill, Tally};
 use crate::host::{HostBuf, Pending};
 use crate::{Error, Result, TensorGroup};
 
@@ -231,20 +231,18 @@ impl Fill for HostBuf {
 #[derive(Default)]
 struct DeviceFlat {
     parts: Vec<Tensor>,
-    elements: usize,
-    bytes: usize,
+    tally: Tally,
 }
 
 impl Fill for DeviceFlat {
     fn elements(&self) -> usize {
-        self.elements
+        self.tally.elements
     }
     fn bytes(&self) -> usize {
-        self.bytes
+        self.tally.bytes
     }
     fn push(&mut self, grad: &Tensor) -> Result<()> {
-        self.elements += grad.elem_count();
-        self.bytes += grad.elem_count() * grad.dtype().size_in_bytes();
+        self.tally.add(grad);
         self.parts.push(grad.flatten_all()?);
         Ok(())
     }
