@@ -332,7 +332,16 @@ impl CollectionBuilder {
             });
         }
         let rank = parent.ranks()[parent.rank()];
-        let entries = self.prepare(rank)?;
+        let mut entries = self.prepare(rank)?;
+        // The children fail together with the parent: one failure domain, the parent's, records the root cause
+        // and aborts every communicator of the collection on this rank (the store-keyed build makes one under the
+        // collection's key instead).
+        for entry in &mut entries {
+            entry
+                .host
+                .failure_domain
+                .get_or_insert_with(|| Arc::clone(parent.failure_domain()));
+        }
         let parent_ranks: std::collections::HashSet<usize> =
             parent.ranks().iter().copied().collect();
         for entry in &entries {

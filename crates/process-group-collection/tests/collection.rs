@@ -508,3 +508,68 @@ fn aborting_a_collection_fails_every_group_here_and_tells_the_peers() {
     assert!(outcomes[1].contains("ab/tp"), "{outcomes:?}");
     assert!(outcomes[2].contains("ab/dp"), "{outcomes:?}");
 }
+
+#[test]
+fn a_collection_built_by_split_fails_together() {
+    // Short enough that a peer left waiting would show as a timeout, long enough for a loaded machine otherwise.
+    const WAIT: Duration = Duration::from_secs(20);
+    let outcomes = run_ranks(0..4, |rank, store| {
+        let layout = LayoutConfig::new(4)
+            .tp(2)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let parent = Communicator::world(
+            BackendKind::Host,
+            Arc::clone(&store),
+            4,
+            rank,
+            CommOptions {
+                timeout: WAIT,
+                ..CommOptions::named("fail-together")
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let pgc = ProcessGroupCollection::for_layout("ft", layout)
+            .with_timeout(WAIT)
+            .build_by_split(&parent)
+            .map_err(|e| e.to_string())?;
+        // Rank 3 aborts only once every build has returned (a build ends with barriers that would see it).
+        let built = |r: usize| hypercomm_store::Key::new("ft-test").push("built").push(r);
+        store.set(&built(rank), b"1").map_err(|e| e.to_string())?;
+        let comm = |kind: &str| pgc.get(&GroupId::kind(kind)).map_err(|e| e.to_string());
+        let all_reduce = |kind: &str| {
+            comm(kind)?
+                .all_reduce(vec![1u8], ReduceOp::Sum)
+                .and_then(hypercomm_comm::Work::wait)
+                .map_err(|e| e.to_string())
+        };
+        match rank {
+            // Gives up on its tp group [2, 3] alone.
+            3 => {
+                let all: Vec<_> = (0..4).map(built).collect();
+                store.wait(&all, WAIT).map_err(|e| e.to_string())?;
+                comm("tp")?.abort();
+                Ok(String::new())
+            }
+            // Learns it in tp; its failure domain then aborts its other groups too, dp [0, 2] among them.
+            2 => match all_reduce("tp") {
+                Err(e) => Ok(e),
+                Ok(v) => Err(format!(
+                    "rank 2: tp all-reduce with an aborted peer gave {v:?}"
+                )),
+            },
+            // Waits on rank 2 in dp, which never calls it: told by rank 2's abort, not by the timeout.
+            0 => {
+                let started = std::time::Instant::now();
+                match all_reduce("dp") {
+                    Err(e) if started.elapsed() < WAIT / 2 => Ok(e),
+                    Err(e) => Err(format!("rank 0 waited {:?}: {e}", started.elapsed())),
+                    Ok(v) => Err(format!("rank 0: dp all-reduce gave {v:?}")),
+                }
+            }
+            _ => Ok(String::new()),
+        }
+    });
+    assert!(outcomes[2].contains("aborted by rank 3"), "{}", outcomes[2]);
+    assert!(outcomes[0].contains("aborted by rank 2"), "{}", outcomes[0]);
+}
