@@ -167,6 +167,147 @@ fn suite_device_collections() {
 }
 
 #[test]
+fn suite_the_failure_domain_covers_the_nccl_halves() {
+    pass_under_fake(
+        "fake_a_host_failure_aborts_the_ranks_nccl_communicators",
+        &[DEVICES],
+    );
+    // The NCCL communicators where world rank 0 is rank 0 fail asynchronously at their third operation.
+    pass_under_fake(
+        "fake_an_nccl_failure_aborts_the_ranks_host_communicators",
+        &[
+            DEVICES,
+            ("FAKE_NCCL_FAIL_AFTER", "2"),
+            ("FAKE_NCCL_FAIL_RANK", "0"),
+        ],
+    );
+}
+
+/// A two-rank collection with a gpu: tp over both ranks, every other kind over one.
+fn pair(
+    name: &str,
+    gpu: Arc<Gpu>,
+    rank: usize,
+    store: Arc<dyn hypercomm_store::Store>,
+) -> ProcessGroupCollection {
+    ProcessGroupCollection::for_layout(name, LayoutConfig::new(2).tp(2).build().unwrap())
+        .with_timeout(Duration::from_secs(10))
+        .with_gpu(gpu)
+        .build(rank, store)
+        .unwrap()
+}
+
+/// The groups `rank` is in.
+fn my_groups(pgc: &ProcessGroupCollection) -> Vec<GroupId> {
+    let ids: Vec<GroupId> = pgc.groups().cloned().collect();
+    ids.into_iter()
+        .filter(|id| pgc.membership(id).is_ok())
+        .collect()
+}
+
+/// One device all-reduce on tp, which both ranks join: the NCCL communicators are alive.
+fn device_sum_on_tp(pgc: &ProcessGroupCollection) {
+    let gpu = pgc.gpu().unwrap();
+    let tp = pgc.device(&GroupId::kind("tp")).unwrap();
+    let sum = tp
+        .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(sum.download().unwrap(), [2]);
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_the_failure_domain_covers_the_nccl_halves"]
+fn fake_a_host_failure_aborts_the_ranks_nccl_communicators() {
+    let tp = GroupId::kind("tp");
+    ranks(2, |rank, gpu, store| {
+        let pgc = pair("hostfail", gpu, rank, store);
+        device_sum_on_tp(&pgc);
+        if rank == 1 {
+            // Rank 1 gives up on its host tp communicator (and its NCCL one, so nothing waits on it).
+            pgc.get(&tp).unwrap().abort();
+            pgc.device(&tp).unwrap().abort();
+            return;
+        }
+        let e = pgc
+            .get(&tp)
+            .unwrap()
+            .all_reduce(vec![1u32], ReduceOp::Sum)
+            .and_then(hypercomm_comm::Work::wait)
+            .expect_err("rank 1 aborted tp");
+        assert!(matches!(e, CommError::AbortedByPeer { by: 1, .. }), "{e}");
+        // Every NCCL communicator of rank 0, in every group, was aborted with the host failure.
+        let gpu = pgc.gpu().unwrap();
+        let groups = my_groups(&pgc);
+        assert!(groups.len() > 1, "{groups:?}");
+        for id in groups {
+            let device = pgc.device(&id).unwrap();
+            assert!(
+                device.broken().is_some(),
+                "{id}: nccl communicator still alive"
+            );
+            let e = device
+                .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
+                .and_then(|w| w.synchronize())
+                .expect_err("an aborted nccl communicator");
+            assert!(matches!(e, CommError::Broken { .. }), "{id}: {e}");
+        }
+    });
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_the_failure_domain_covers_the_nccl_halves"]
+fn fake_an_nccl_failure_aborts_the_ranks_host_communicators() {
+    let tp = GroupId::kind("tp");
+    let errors = ranks(2, |rank, gpu, store| {
+        let pgc = pair("ncclfail", gpu, rank, store);
+        // FAKE_NCCL_FAIL_AFTER=2: two operations pass.
+        device_sum_on_tp(&pgc);
+        device_sum_on_tp(&pgc);
+        if rank == 1 {
+            // Rank 1 waits on the host half, and learns of rank 0's NCCL failure there.
+            return pgc
+                .get(&tp)
+                .unwrap()
+                .all_reduce(vec![1u32], ReduceOp::Sum)
+                .and_then(hypercomm_comm::Work::wait)
+                .expect_err("rank 0's domain aborted its host tp communicator");
+        }
+        let gpu = pgc.gpu().unwrap();
+        let e = pgc
+            .device(&tp)
+            .unwrap()
+            .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
+            .and_then(|w| w.synchronize())
+            .expect_err("the third nccl operation fails");
+        assert!(e.to_string().contains("ncclRemoteError"), "{e}");
+        // The NCCL failure is rank 0's root cause, and every host communicator of the rank was aborted.
+        let cause = pgc.get(&tp).unwrap().failure_domain().root_cause();
+        let cause = cause.expect("the nccl failure was recorded");
+        assert!(cause.ranks.is_empty(), "{cause}");
+        assert!(cause.comm.ends_with("/device"), "{cause}");
+        for id in my_groups(&pgc) {
+            let host = pgc.get(&id).unwrap();
+            assert!(
+                host.broken().is_some(),
+                "{id}: host communicator still alive"
+            );
+            let e = host
+                .barrier()
+                .and_then(hypercomm_comm::Work::wait)
+                .expect_err("an aborted host communicator");
+            assert!(matches!(e, CommError::Broken { .. }), "{id}: {e}");
+        }
+        e
+    });
+    // Rank 1 was stopped by rank 0's abort, and reports the NCCL failure as the root cause.
+    let e = &errors[1];
+    assert!(matches!(e, CommError::AbortedByPeer { by: 0, .. }), "{e}");
+    assert!(e.to_string().contains("ncclRemoteError"), "{e}");
+}
+
+#[test]
 #[ignore = "run under fake-gpu by suite_device_collections"]
 fn fake_store_keyed_collection_with_a_gpu() {
     let checked = ranks(WORLD, |rank, gpu, store| {
