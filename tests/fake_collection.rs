@@ -6,7 +6,7 @@
 #[path = "../crates/hypercomm-comm/tests/fake_support/mod.rs"]
 mod fake_support;
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use hypercomm_comm::device::{Gpu, ProcessGroup};
@@ -167,6 +167,152 @@ fn suite_device_collections() {
 }
 
 #[test]
+fn suite_the_failure_domain_covers_the_nccl_halves() {
+    pass_under_fake(
+        "fake_a_host_failure_aborts_the_ranks_nccl_communicators",
+        &[DEVICES],
+    );
+    // The NCCL communicators where world rank 0 is rank 0 fail asynchronously at their third operation.
+    pass_under_fake(
+        "fake_an_nccl_failure_aborts_the_ranks_host_communicators",
+        &[
+            DEVICES,
+            ("FAKE_NCCL_FAIL_AFTER", "2"),
+            ("FAKE_NCCL_FAIL_RANK", "0"),
+        ],
+    );
+    pass_under_fake(
+        "fake_an_nccl_timeout_aborts_the_ranks_host_communicators",
+        &[DEVICES],
+    );
+}
+
+/// A two-rank collection with a gpu: tp over both ranks, every other kind over one.
+fn pair(
+    name: &str,
+    gpu: Arc<Gpu>,
+    rank: usize,
+    store: Arc<dyn hypercomm_store::Store>,
+    timeout: Duration,
+) -> ProcessGroupCollection {
+    ProcessGroupCollection::for_layout(name, LayoutConfig::new(2).tp(2).build().unwrap())
+        .with_timeout(timeout)
+        .with_gpu(gpu)
+        .build(rank, store)
+        .unwrap()
+}
+
+/// The groups `rank` is in.
+fn my_groups(pgc: &ProcessGroupCollection) -> Vec<GroupId> {
+    let ids: Vec<GroupId> = pgc.groups().cloned().collect();
+    ids.into_iter()
+        .filter(|id| pgc.membership(id).is_ok())
+        .collect()
+}
+
+/// One device all-reduce on tp, which both ranks join: the NCCL communicators are alive.
+fn device_sum_on_tp(pgc: &ProcessGroupCollection) {
+    let gpu = pgc.gpu().unwrap();
+    let tp = pgc.device(&GroupId::kind("tp")).unwrap();
+    let sum = tp
+        .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(sum.download().unwrap(), [2]);
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_the_failure_domain_covers_the_nccl_halves"]
+fn fake_a_host_failure_aborts_the_ranks_nccl_communicators() {
+    let tp = GroupId::kind("tp");
+    ranks(2, |rank, gpu, store| {
+        let pgc = pair("hostfail", gpu, rank, store, Duration::from_secs(10));
+        device_sum_on_tp(&pgc);
+        if rank == 1 {
+            // Rank 1 gives up on its host tp communicator (and its NCCL one, so nothing waits on it).
+            pgc.get(&tp).unwrap().abort();
+            pgc.device(&tp).unwrap().abort();
+            return;
+        }
+        let e = pgc
+            .get(&tp)
+            .unwrap()
+            .all_reduce(vec![1u32], ReduceOp::Sum)
+            .and_then(hypercomm_comm::Work::wait)
+            .expect_err("rank 1 aborted tp");
+        assert!(matches!(e, CommError::AbortedByPeer { by: 1, .. }), "{e}");
+        // Every NCCL communicator of rank 0, in every group, was aborted with the host failure.
+        let gpu = pgc.gpu().unwrap();
+        let groups = my_groups(&pgc);
+        assert!(groups.len() > 1, "{groups:?}");
+        for id in groups {
+            let device = pgc.device(&id).unwrap();
+            assert!(
+                device.broken().is_some(),
+                "{id}: nccl communicator still alive"
+            );
+            let e = device
+                .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
+                .and_then(|w| w.synchronize())
+                .expect_err("an aborted nccl communicator");
+            assert!(matches!(e, CommError::Broken { .. }), "{id}: {e}");
+        }
+    });
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_the_failure_domain_covers_the_nccl_halves"]
+fn fake_an_nccl_failure_aborts_the_ranks_host_communicators() {
+    let tp = GroupId::kind("tp");
+    let errors = ranks(2, |rank, gpu, store| {
+        let pgc = pair("ncclfail", gpu, rank, store, Duration::from_secs(10));
+        // FAKE_NCCL_FAIL_AFTER=2: two operations pass.
+        device_sum_on_tp(&pgc);
+        device_sum_on_tp(&pgc);
+        if rank == 1 {
+            // Rank 1 waits on the host half, and learns of rank 0's NCCL failure there.
+            return pgc
+                .get(&tp)
+                .unwrap()
+                .all_reduce(vec![1u32], ReduceOp::Sum)
+                .and_then(hypercomm_comm::Work::wait)
+                .expect_err("rank 0's domain aborted its host tp communicator");
+        }
+        let gpu = pgc.gpu().unwrap();
+        let e = pgc
+            .device(&tp)
+            .unwrap()
+            .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
+            .and_then(|w| w.synchronize())
+            .expect_err("the third nccl operation fails");
+        assert!(e.to_string().contains("ncclRemoteError"), "{e}");
+        // The NCCL failure is rank 0's root cause, and every host communicator of the rank was aborted.
+        let cause = pgc.get(&tp).unwrap().failure_domain().root_cause();
+        let cause = cause.expect("the nccl failure was recorded");
+        assert!(cause.ranks.is_empty(), "{cause}");
+        assert!(cause.comm.ends_with("/device"), "{cause}");
+        for id in my_groups(&pgc) {
+            let host = pgc.get(&id).unwrap();
+            assert!(
+                host.broken().is_some(),
+                "{id}: host communicator still alive"
+            );
+            let e = host
+                .barrier()
+                .and_then(hypercomm_comm::Work::wait)
+                .expect_err("an aborted host communicator");
+            assert!(matches!(e, CommError::Broken { .. }), "{id}: {e}");
+        }
+        e
+    });
+    // Rank 1 was stopped by rank 0's abort, and reports the NCCL failure as the root cause.
+    let e = &errors[1];
+    assert!(matches!(e, CommError::AbortedByPeer { by: 0, .. }), "{e}");
+    assert!(e.to_string().contains("ncclRemoteError"), "{e}");
+}
+
+#[test]
 #[ignore = "run under fake-gpu by suite_device_collections"]
 fn fake_store_keyed_collection_with_a_gpu() {
     let checked = ranks(WORLD, |rank, gpu, store| {
@@ -263,4 +409,60 @@ fn fake_a_knob_the_loaded_nccl_lacks_is_refused_before_anything_is_made() {
     );
     // Refused while preparing: no communicator of any kind was made.
     assert_eq!(live_nccl_communicators(), 0);
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_the_failure_domain_covers_the_nccl_halves"]
+fn fake_an_nccl_timeout_aborts_the_ranks_host_communicators() {
+    let tp = GroupId::kind("tp");
+    let done = (Mutex::new(false), Condvar::new());
+    ranks(2, |rank, gpu, store| {
+        let pgc = pair("nccltimeout", gpu, rank, store, Duration::from_secs(2));
+        device_sum_on_tp(&pgc);
+        if rank == 1 {
+            // Rank 1 stays (bounded) until rank 0 has checked, then drops its half without having joined.
+            let (lock, cv) = &done;
+            let guard = lock.lock().unwrap();
+            let (finished, wait) = cv
+                .wait_timeout_while(guard, Duration::from_secs(60), |d| !*d)
+                .unwrap();
+            assert!(*finished && !wait.timed_out(), "rank 0 never finished");
+            return;
+        }
+        // Rank 1 may go once rank 0 is done, even when an assertion below fails.
+        let _release = Release(&done);
+        {
+            // Rank 1 never joins: rank 0's NCCL all-reduce times out, which aborts it.
+            let gpu = pgc.gpu().unwrap();
+            let e = pgc
+                .device(&tp)
+                .unwrap()
+                .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
+                .and_then(|w| w.synchronize())
+                .expect_err("rank 1 never joins");
+            assert!(matches!(e, CommError::Timeout { .. }), "{e}");
+            let cause = pgc.get(&tp).unwrap().failure_domain().root_cause();
+            let cause = cause.expect("the nccl timeout was recorded");
+            assert!(cause.ranks.is_empty(), "{cause}");
+            assert!(cause.to_string().contains("did not respond"), "{cause}");
+            for id in my_groups(&pgc) {
+                let host = pgc.get(&id).unwrap();
+                assert!(
+                    host.broken().is_some(),
+                    "{id}: host communicator still alive"
+                );
+            }
+        }
+    });
+}
+
+/// Sets the flag and wakes its waiters when dropped (also while a failed assertion unwinds).
+struct Release<'a>(&'a (Mutex<bool>, Condvar));
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        let (lock, cv) = self.0;
+        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        cv.notify_all();
+    }
 }

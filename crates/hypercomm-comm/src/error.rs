@@ -252,7 +252,8 @@ impl Fault {
 /// peer that was stuck on it) reports it instead of blaming the messenger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RootCause {
-    /// The ranks at fault (member ids; world ranks in a collection).
+    /// The ranks at fault (member ids; world ranks in a collection); empty when the failure did not say (an NCCL
+    /// communicator that failed or timed out).
     pub ranks: Vec<usize>,
     /// How they failed.
     pub fault: Fault,
@@ -271,10 +272,16 @@ impl std::fmt::Display for RootCause {
             Fault::Missing => "did not respond",
             Fault::Disagreed => "disagreed",
         };
+        // An NCCL failure does not say which rank was lost.
+        let who = if self.ranks.is_empty() {
+            "an unknown rank".to_owned()
+        } else {
+            format!("rank(s) {:?}", self.ranks)
+        };
         write!(
             f,
-            "rank(s) {:?} {what} (seen by rank {} in communicator {}: {})",
-            self.ranks, self.seen_by, self.comm, self.detail
+            "{who} {what} (seen by rank {} in communicator {}: {})",
+            self.seen_by, self.comm, self.detail
         )
     }
 }

@@ -16,8 +16,16 @@
 //! A communicator made alone has a domain of its own, keyed under `comm/<name>/failure`. A
 //! `ProcessGroupCollection` gives all its communicators one shared domain (through [`CommOptions`]), keyed under
 //! the collection: a rank whose communicator fails records the root cause once and aborts **every** communicator
-//! of the domain, so its peers in other groups stop too and find the same record. No global state: the domain is
+//! of the domain, host and NCCL, so its peers in other groups stop too and find the same record. No global state: the domain is
 //! an object passed in; two collections in one process have two.
+//!
+//! The NCCL halves are members too. A device communicator made with a domain in its options (a collection with a
+//! GPU makes each one so) registers itself as a [`Member`]: a failure of a host communicator aborts it as well
+//! (`ncclCommAbort`, which breaks it), so this rank's NCCL work stops at once instead of leaving its peers' NCCL
+//! work to NCCL's own timeouts. When an NCCL communicator fails fatally itself (its timeout, an asynchronous
+//! error), it records what it knows with [`FailureDomain::settle_device`] (NCCL does not say which rank was lost:
+//! a root cause without ranks, which a later cause naming ranks replaces) and aborts every other member, host
+//! and device, so that the rank's peers learn of it at once through the host communicators.
 //!
 //! Writes run on a short-lived thread the writer waits for at most [`PUBLISH_WAIT`] (a dead store must not hold
 //! an abort up); every read is bounded.
@@ -68,8 +76,22 @@ pub struct FailureDomain {
     me: usize,
     /// What this rank has recorded so far.
     own: Mutex<Option<Record>>,
-    /// The communicators that abort together.
-    comms: Mutex<Vec<Weak<Shared>>>,
+    /// The members that abort together: host communicators and NCCL communicators.
+    comms: Mutex<Vec<Weak<dyn Member>>>,
+}
+
+/// Something a domain aborts when another member fails: a host communicator's shared state, an NCCL
+/// communicator. Held weakly: a dropped member leaves the domain.
+pub(crate) trait Member: Send + Sync {
+    /// Breaks the member with `cause` and stops its work, unless it is broken already. Never reports back to the
+    /// domain (the domain calls this while settling another member's failure).
+    fn abort_with(&self, cause: &str);
+}
+
+impl Member for Shared {
+    fn abort_with(&self, cause: &str) {
+        Shared::abort_with(self, cause);
+    }
 }
 
 impl std::fmt::Debug for FailureDomain {
@@ -146,10 +168,12 @@ impl FailureDomain {
         self.prefix.clone().push(rank)
     }
 
-    pub(crate) fn register(&self, comm: &Arc<Shared>) {
+    /// Adds `member` to the members aborted when another fails (until it is dropped).
+    pub(crate) fn register<M: Member + 'static>(&self, member: &Arc<M>) {
+        let weak: Weak<dyn Member> = Arc::downgrade(member) as Weak<dyn Member>;
         let mut comms = lock(&self.comms);
         comms.retain(|w| w.strong_count() > 0);
-        comms.push(Arc::downgrade(comm));
+        comms.push(weak);
     }
 
     /// Writes `record` as this rank's, unless it already recorded something at least as definite: a root cause
@@ -164,7 +188,9 @@ impl FailureDomain {
                 // A deliberate abort of one communicator does not hide a later failure of another.
                 (Some(Record::NoCause), Record::Final(_)) => true,
                 (Some(Record::Final(c)), Record::Final(n)) => {
-                    c.fault == Fault::Disagreed && n.fault != Fault::Disagreed
+                    (c.fault == Fault::Disagreed && n.fault != Fault::Disagreed)
+                        // A cause without ranks (an NCCL failure) yields to one that names them.
+                        || (c.ranks.is_empty() && !n.ranks.is_empty() && n.fault != Fault::Disagreed)
                 }
                 _ => false,
             };
@@ -390,9 +416,28 @@ impl FailureDomain {
         error
     }
 
-    /// Aborts every communicator of the domain that is not broken yet, with `error` as their cause.
+    /// Settles the fatal failure `error` of the NCCL communicator `comm` (already broken): records it as this
+    /// rank's root cause unless it has one (NCCL does not say which rank was lost: a cause without ranks, timed
+    /// out as [`Fault::Missing`], anything else as [`Fault::Died`]) and aborts every other member of the domain.
+    pub(crate) fn settle_device(&self, comm: &str, error: &CommError) {
+        let fault = match error {
+            CommError::Timeout { .. } => Fault::Missing,
+            _ => Fault::Died,
+        };
+        self.record(Record::Final(RootCause {
+            ranks: Vec::new(),
+            fault,
+            comm: comm.to_owned(),
+            seen_by: self.me,
+            detail: format!("nccl communicator {comm} failed: {error}"),
+        }));
+        self.abort_all(error);
+    }
+
+    /// Aborts every member of the domain that is not broken yet, with `error` as their cause.
     fn abort_all(&self, error: &CommError) {
-        let comms: Vec<Arc<Shared>> = lock(&self.comms).iter().filter_map(Weak::upgrade).collect();
+        let comms: Vec<Arc<dyn Member>> =
+            lock(&self.comms).iter().filter_map(Weak::upgrade).collect();
         if comms.len() <= 1 {
             return;
         }
@@ -670,6 +715,57 @@ mod tests {
             domain(&store, 5).read(0, Duration::from_millis(50)),
             Some(Record::Final(cause(vec![2], Fault::Died, 0)))
         );
+    }
+
+    /// A member that remembers why it was aborted.
+    #[derive(Default)]
+    struct Probe(Mutex<Option<String>>);
+
+    impl Member for Probe {
+        fn abort_with(&self, cause: &str) {
+            lock(&self.0).get_or_insert_with(|| cause.to_owned());
+        }
+    }
+
+    #[test]
+    fn an_nccl_failure_is_recorded_without_ranks_and_aborts_every_member() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let d = domain(&store, 1);
+        let (host, device) = (Arc::new(Probe::default()), Arc::new(Probe::default()));
+        d.register(&host);
+        d.register(&device);
+        let error = CommError::Device {
+            comm: "m/tp/0/device".into(),
+            what: "polling: ncclRemoteError".into(),
+        };
+        d.settle_device("m/tp/0/device", &error);
+        for member in [&host, &device] {
+            let cause = lock(&member.0).clone().expect("aborted");
+            assert!(cause.contains("ncclRemoteError"), "{cause}");
+        }
+        let nccl = d.root_cause().expect("recorded");
+        assert_eq!((nccl.ranks.as_slice(), nccl.fault), (&[][..], Fault::Died));
+        assert!(
+            nccl.to_string().starts_with("an unknown rank died (seen by rank 1 in communicator m/tp/0/device: nccl communicator m/tp/0/device failed:"),
+            "{nccl}"
+        );
+        // A peer reads it as the root cause.
+        assert_eq!(
+            domain(&store, 0).resolve(&[1], Duration::from_millis(50)),
+            Resolution::Recorded(1, nccl.clone())
+        );
+        // A cause that names ranks replaces it; a disagreement does not.
+        d.record(Record::Final(cause(vec![3], Fault::Disagreed, 1)));
+        assert_eq!(d.root_cause(), Some(nccl));
+        d.record(Record::Final(cause(vec![3], Fault::Died, 1)));
+        assert_eq!(d.root_cause(), Some(cause(vec![3], Fault::Died, 1)));
+        // A timed-out NCCL communicator left its peers missing.
+        let e = domain(&store, 2);
+        e.settle_device(
+            "c",
+            &CommError::timeout("c", Vec::new(), Duration::from_secs(1), "x"),
+        );
+        assert_eq!(e.root_cause().map(|c| c.fault), Some(Fault::Missing));
     }
 
     #[test]

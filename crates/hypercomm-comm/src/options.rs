@@ -67,9 +67,9 @@ pub struct CommOptions {
     pub scratch_bytes: Option<usize>,
     /// NCCL's knobs: honoured by the NCCL backend, refused by the host backend when set.
     pub nccl: NcclOptions,
-    /// Host backend: where the communicator records failures and which communicators fail with it (see
-    /// [`FailureDomain`]). Unset: a domain of its own, keyed under `comm/<name>/failure` in its store. A
-    /// `ProcessGroupCollection` sets one domain for all its communicators.
+    /// Where the communicator records failures and which communicators fail with it (see [`FailureDomain`]).
+    /// Host backend unset: a domain of its own, keyed under `comm/<name>/failure` in its store; NCCL backend
+    /// unset: no domain. A `ProcessGroupCollection` sets one domain for all its communicators, host and NCCL.
     pub failure_domain: Option<Arc<FailureDomain>>,
     /// Host backend: a function called at every named [`Step`](crate::Step) of the bootstrap (fault injection;
     /// see [`StepHook`]). Unset by default. Other backends do not call it.

@@ -255,6 +255,10 @@ impl CollectionBuilder {
         );
         for entry in &mut entries {
             entry.host.failure_domain = Some(Arc::clone(&domain));
+            // The NCCL halves are members too: a failure of either half aborts every communicator of the rank.
+            if let Some(device) = &mut entry.device {
+                device.failure_domain = Some(Arc::clone(&domain));
+            }
         }
         let collection = ProcessGroupCollection {
             name: self.name,
@@ -381,9 +385,17 @@ impl CollectionBuilder {
             let child = parent
                 .split_with(color, key, entry.host.clone())
                 .map_err(comm_err)?;
+            // The device child falls with its host half (in the host child's failure domain).
             let device_child = match (parent_device, &entry.device) {
                 (Some(d), Some(options)) => d
-                    .split_with(color, key, options.clone())
+                    .split_with(
+                        color,
+                        key,
+                        CommOptions {
+                            failure_domain: child.as_ref().map(|c| Arc::clone(c.failure_domain())),
+                            ..options.clone()
+                        },
+                    )
                     .map_err(comm_err)?,
                 _ => None,
             };

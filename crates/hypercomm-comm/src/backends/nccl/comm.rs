@@ -3,6 +3,9 @@
 //! Invariant: `handle` is `Some(live communicator)` until [`NcclComm::abort`] or drop takes it; once `broken` is
 //! set it stays set, and every later call fails with [`CommError::Broken`]. A timeout while polling aborts the
 //! communicator, which makes every pending work handle fail (they check `broken` before anything else).
+//!
+//! In a [`FailureDomain`] the communicator is a member: the first fatal failure of its own is settled through the
+//! domain (recorded, every other member aborted), and another member's failure aborts it.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -12,7 +15,8 @@ use nccl_sys::{Nccl, NcclError};
 
 use super::gpu::cuda_err;
 use super::raw::{self, CommHandle, Progress};
-use crate::CommError;
+use crate::failure::Member;
+use crate::{CommError, FailureDomain};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Critical sections only read or replace a value; a poisoned lock still holds a consistent one.
@@ -70,6 +74,8 @@ pub(crate) struct NcclComm {
     pub(crate) name: String,
     pub(crate) timeout: Duration,
     pub(crate) non_blocking: bool,
+    /// The domain its failures are settled in (and which aborts it when another member fails), if any.
+    pub(crate) domain: Option<Arc<FailureDomain>>,
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -99,6 +105,7 @@ impl NcclComm {
             name,
             timeout,
             non_blocking,
+            domain: None,
         };
         if first == Progress::Pending {
             comm.wait_ready("creating the communicator")?;
@@ -169,7 +176,7 @@ impl NcclComm {
         if let Err(e) = &result
             && e.is_fatal()
         {
-            self.mark_broken(e.to_string());
+            self.fail(e);
         }
         result
     }
@@ -235,23 +242,50 @@ impl NcclComm {
             self.timeout,
             format!("{during}; the nccl communicator was aborted"),
         );
-        self.mark_broken(error.to_string());
+        self.fail(&error);
         self.abort();
         error
     }
 
-    pub(crate) fn mark_broken(&self, cause: String) {
-        lock(&self.broken).get_or_insert(cause);
+    /// Marks the communicator broken by `error`; the first failure is also settled through the domain: recorded
+    /// as this rank's root cause (unless it has one) and every other member aborted.
+    fn fail(&self, error: &CommError) {
+        if self.mark_broken(error.to_string())
+            && let Some(domain) = &self.domain
+        {
+            domain.settle_device(&self.name, error);
+        }
+    }
+
+    /// Marks the communicator broken with `cause`, unless it is broken already; says whether it was not.
+    pub(crate) fn mark_broken(&self, cause: String) -> bool {
+        let mut broken = lock(&self.broken);
+        if broken.is_some() {
+            return false;
+        }
+        *broken = Some(cause);
+        true
     }
 
     /// Aborts the communicator (`ncclCommAbort`): its work stops, every later call and pending work fails.
     pub(crate) fn abort(&self) {
-        self.mark_broken("aborted by this rank".into());
+        self.abort_with("aborted by this rank");
+    }
+
+    /// [`abort`](Self::abort) with `cause` as the reason later calls see (unless it was broken already).
+    fn abort_with(&self, cause: &str) {
+        self.mark_broken(cause.to_owned());
         if let Some(h) = lock(&self.handle).take()
             && let Err(e) = raw::abort(self.nccl(), h)
         {
             tracing::warn!(comm = %self.name, error = %e, "ncclCommAbort failed");
         }
+    }
+}
+
+impl Member for NcclComm {
+    fn abort_with(&self, cause: &str) {
+        NcclComm::abort_with(self, cause);
     }
 }
 

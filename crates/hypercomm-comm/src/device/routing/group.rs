@@ -64,7 +64,8 @@ pub type TwoBufWork<D, T> = GroupWork<(Vec<T>, Vec<T>), D, (SideBuf<D, T>, SideB
 
 impl ProcessGroup<DeviceCommunicator> {
     /// Creates both halves collectively: the host communicator from `options` without its NCCL knobs, and, when
-    /// `gpu` is given, a device communicator named `<name>/device` from `options` without its host knobs.
+    /// `gpu` is given, a device communicator named `<name>/device` from `options` without its host knobs. The
+    /// device half joins the host half's failure domain: a failure of either aborts both.
     pub fn connect(
         gpu: Option<Arc<Gpu>>,
         store: Arc<dyn Store>,
@@ -85,7 +86,10 @@ impl ProcessGroup<DeviceCommunicator> {
                 store,
                 ranks,
                 me,
-                options.for_device(),
+                CommOptions {
+                    failure_domain: Some(Arc::clone(host.failure_domain())),
+                    ..options.for_device()
+                },
             )?),
             None => None,
         };

@@ -54,6 +54,10 @@ pub type DeviceInOut<T> = (DeviceBuffer<T>, DeviceBuffer<T>);
 impl DeviceCommunicator {
     /// Joins communicator `options.name` over `ranks` as member `me`, on `gpu`. Rank 0 makes the NCCL unique id
     /// and publishes it in `store`; the others read it. Collective; bounded by `options.timeout`.
+    ///
+    /// With `options.failure_domain` set, the communicator (and every split or shrink made from it with those
+    /// options) is a member of that domain: another member's failure aborts it, and its own fatal failure is
+    /// recorded there and aborts the other members.
     pub fn new(
         gpu: Arc<Gpu>,
         store: Arc<dyn Store>,
@@ -85,17 +89,22 @@ impl DeviceCommunicator {
 
     fn assemble(
         gpu: Arc<Gpu>,
-        comm: NcclComm,
+        mut comm: NcclComm,
         settings: NcclSettings,
         options: CommOptions,
         ranks: Vec<usize>,
         rank: usize,
     ) -> Result<DeviceCommunicator, CommError> {
         let stream = gpu.stream(settings.stream_priority == StreamPriority::Highest)?;
+        comm.domain = options.failure_domain.clone();
+        let comm = Arc::new(comm);
+        if let Some(domain) = &comm.domain {
+            domain.register(&comm);
+        }
         Ok(DeviceCommunicator {
             children: std::sync::atomic::AtomicUsize::new(0),
             gpu,
-            comm: Arc::new(comm),
+            comm,
             stream,
             options,
             ranks,
