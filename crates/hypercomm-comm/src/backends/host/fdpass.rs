@@ -214,6 +214,38 @@ fn serve_one(
     Ok(rank)
 }
 
+/// How long a peer whose connection rank 0 closed or reset waits for rank 0's process to be gone before calling
+/// the failure an I/O error: a process being killed closes its sockets before it becomes a zombie, and under load
+/// the peer sees the reset well before that (seen in CI with a busy loop per core).
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+
+/// Whether `e` says the other end closed or reset the connection.
+fn closed_by_peer(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::ConnectionReset
+            | ErrorKind::BrokenPipe
+            | ErrorKind::UnexpectedEof
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::ConnectionRefused
+    )
+}
+
+/// Whether process `pid` is gone within [`EXIT_GRACE`] (and before `deadline`), polled every few milliseconds.
+fn gone_soon(pid: u32, deadline: Instant) -> bool {
+    let until = (Instant::now() + EXIT_GRACE).min(deadline);
+    // Bounded by `until`.
+    loop {
+        if !process_alive(pid) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Fetches the segment's descriptor from rank 0 (pid `leader_pid`) listening on `@name`, as rank `me`, within
 /// `timeout`. Errors name rank 0: [`CommError::PeerDied`] when its process is gone, [`CommError::Timeout`] when it
 /// does not answer in time.
@@ -227,7 +259,9 @@ pub(crate) fn fetch(
     let deadline = Instant::now() + timeout;
     let during = "bootstrap: fetching the shared-memory segment from rank 0";
     let failed = |what: &str, source: std::io::Error| -> CommError {
-        if !process_alive(leader_pid) {
+        if !process_alive(leader_pid)
+            || (closed_by_peer(&source) && gone_soon(leader_pid, deadline))
+        {
             CommError::peer_died(comm, vec![0], during)
         } else if matches!(source.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
             CommError::timeout(comm, vec![0], timeout, during)
@@ -303,6 +337,41 @@ pub(crate) fn fetch(
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn a_reset_is_a_death_only_when_the_process_goes_within_the_grace() {
+        assert!(closed_by_peer(&std::io::Error::from(
+            ErrorKind::ConnectionReset
+        )));
+        assert!(!closed_by_peer(&std::io::Error::from(
+            ErrorKind::WouldBlock
+        )));
+        // A process that ends a moment later (unreaped: a zombie, which counts as gone) is waited for.
+        let mut short = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .unwrap();
+        let far = Instant::now() + Duration::from_secs(30);
+        assert!(
+            gone_soon(short.id(), far),
+            "the exiting process was not seen gone"
+        );
+        let _ = short.wait();
+        // One that lives on is not, and the wait stops at the grace.
+        let mut long = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        assert!(!gone_soon(long.id(), far));
+        let waited = started.elapsed();
+        let _ = long.kill();
+        let _ = long.wait();
+        assert!(
+            waited >= EXIT_GRACE && waited < EXIT_GRACE * 10,
+            "{waited:?}"
+        );
+    }
 
     #[test]
     fn a_descriptor_travels_to_every_rank_and_the_service_stops_on_request() {
