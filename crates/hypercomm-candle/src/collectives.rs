@@ -106,7 +106,8 @@ impl TensorGroup {
         }
     }
 
-    fn comm_error(&self, source: hypercomm_comm::CommError) -> Error {
+    /// `source` as this group's [`Error::Comm`].
+    pub(crate) fn comm_error(&self, source: hypercomm_comm::CommError) -> Error {
         Error::Comm {
             group: self.name().to_owned(),
             source: Box::new(source),

@@ -103,7 +103,7 @@ impl GradSync {
             let pending = bucket
                 .fill
                 .all_reduce(comm, ReduceOp::Avg)
-                .map_err(|source| self.comm_error(source))?;
+                .map_err(|source| self.group.comm_error(source))?;
             Ok((pending, bucket.members))
         };
         let empty = |dtype| HostBuf::empty(dtype, "gradient sync", self.group.name());
@@ -119,7 +119,9 @@ impl GradSync {
             in_flight.push(issue(bucket, &mut stats)?);
         }
         for (pending, members) in in_flight {
-            let buf = pending.wait().map_err(|source| self.comm_error(source))?;
+            let buf = pending
+                .wait()
+                .map_err(|source| self.group.comm_error(source))?;
             for (index, offset) in members {
                 let t = vars[index].as_tensor();
                 let avg: Tensor = buf.tensor_at(offset, t.shape(), t.device())?;
@@ -127,13 +129,6 @@ impl GradSync {
             }
         }
         Ok(stats)
-    }
-
-    fn comm_error(&self, source: hypercomm_comm::CommError) -> Error {
-        Error::Comm {
-            group: self.group.name().to_owned(),
-            source: Box::new(source),
-        }
     }
 
     /// Variable `index`'s gradient (zeros when it has none), checked against the variable.

@@ -137,10 +137,7 @@ struct Run<'a> {
 
 impl Run<'_> {
     fn comm_error(&self, source: CommError) -> Error {
-        Error::Comm {
-            group: self.group.name().to_owned(),
-            source: Box::new(source),
-        }
+        self.group.comm_error(source)
     }
 
     /// Copy in, collective, copy out, all enqueued on the streams (see the module docs).

@@ -81,13 +81,7 @@ impl CustomOp1 for ReduceFromTp {
         let reduced = buf
             .all_reduce(comm, ReduceOp::Sum)
             .and_then(|pending| pending.wait())
-            .map_err(|source| {
-                crate::Error::Comm {
-                    group: self.group.name().to_owned(),
-                    source: Box::new(source),
-                }
-                .into_candle()
-            })?;
+            .map_err(|source| self.group.comm_error(source).into_candle())?;
         Ok((reduced.into_storage(), layout.shape().clone()))
     }
 
