@@ -259,9 +259,14 @@ pub(crate) fn fetch(
     let deadline = Instant::now() + timeout;
     let during = "bootstrap: fetching the shared-memory segment from rank 0";
     let failed = |what: &str, source: std::io::Error| -> CommError {
-        if !process_alive(leader_pid)
-            || (closed_by_peer(&source) && gone_soon(leader_pid, deadline))
-        {
+        // A closed or reset connection gets a moment for rank 0's process to finish dying (`gone_soon` looks at
+        // once, then polls); any other failure is judged on one look.
+        let dead = if closed_by_peer(&source) {
+            gone_soon(leader_pid, deadline)
+        } else {
+            !process_alive(leader_pid)
+        };
+        if dead {
             CommError::peer_died(comm, vec![0], during)
         } else if matches!(source.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
             CommError::timeout(comm, vec![0], timeout, during)
