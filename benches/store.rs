@@ -113,14 +113,12 @@ fn main() {
     );
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+fn median(values: Vec<f64>) -> f64 {
+    hypercomm::comm::bench::median(&values).unwrap_or(f64::NAN)
 }
 
-fn median_duration(mut values: Vec<Duration>) -> Duration {
-    values.sort();
-    values[values.len() / 2]
+fn median_duration(values: Vec<Duration>) -> Duration {
+    hypercomm::comm::bench::median(&values).unwrap_or_default()
 }
 
 /// Raises this process's soft open-file limit to its hard limit (children inherit it) and returns how many

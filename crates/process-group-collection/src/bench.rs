@@ -201,11 +201,9 @@ pub fn time_builds_as_rank(
     Ok((times, communicators))
 }
 
-/// The median of `times` (zero when empty).
+/// The median of `times` ([`hypercomm_comm::bench::median`]; zero when empty).
 pub fn median(times: &[Duration]) -> Duration {
-    let mut sorted = times.to_vec();
-    sorted.sort();
-    sorted.get(sorted.len() / 2).copied().unwrap_or_default()
+    hypercomm_comm::bench::median(times).unwrap_or_default()
 }
 
 #[cfg(test)]
