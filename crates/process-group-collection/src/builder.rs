@@ -282,7 +282,8 @@ impl CollectionBuilder {
     }
 
     /// Builds the collection by splitting `parent`, one split per group slot (color: the group's index; ranks
-    /// outside every group of a slot pass no color). Every member of `parent` must call this. The rank is
+    /// outside every group of a slot pass no color), with one all-gather on `parent` for every slot's color
+    /// ([`Communicator::split_many`]). Every member of `parent` must call this. The rank is
     /// `parent`'s member id for this process. Host communicators only: with a GPU, split a process group with
     /// [`build_by_split_group`](Self::build_by_split_group).
     pub fn build_by_split(
