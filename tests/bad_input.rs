@@ -145,7 +145,7 @@ proptest! {
 }
 
 /// Plays rank 1 of a 2-rank TCP communicator by hand against a real rank 0, following the bootstrap protocol
-/// (count in under `arrivals`, read the leader's address, greet it) and then sending `junk` where frames should
+/// (count in under `arrivals` and decide, read the leader's address, greet it) and then sending `junk` where frames should
 /// be; with `greet: false` the junk replaces the greeting. Rank 0 must fail with an error, not panic or hang.
 fn junk_to_rank0(name: &str, greet: bool, junk: &[u8]) -> Result<Vec<i32>, CommError> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -162,9 +162,10 @@ fn junk_to_rank0(name: &str, greet: bool, junk: &[u8]) -> Result<Vec<i32>, CommE
             comm.all_reduce(vec![1i32; 100], ReduceOp::Sum)?.wait()
         })
     };
-    if store.add(&key("arrivals"), 1).unwrap() == 2 {
-        store.set(&key("decision"), b"tcp-local").unwrap();
-    }
+    // Rank 0's record is its arrival; rank 1, on its host, counts in with its bit (`1 << 1`) and, completing the
+    // count, writes the decision.
+    assert_eq!(store.add(&key("arrivals"), 1 << 1).unwrap(), 1 << 1);
+    store.set(&key("decision"), b"tcp-local").unwrap();
     let addr = store.get(&key("tcp"), Duration::from_secs(30)).unwrap();
     let mut peer = TcpStream::connect(String::from_utf8(addr).unwrap()).unwrap();
     if greet {

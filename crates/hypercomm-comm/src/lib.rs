@@ -38,7 +38,7 @@ mod steps;
 mod strided;
 mod work;
 
-pub use communicator::{Communicator, InOut};
+pub use communicator::{Communicator, InOut, Splits};
 pub use element::{DType, Element, ReduceOp, as_bytes, as_bytes_mut};
 pub use error::{Call, CommError, Fault, RootCause};
 pub use failure::FailureDomain;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 /// A point of a host communicator's bootstrap. `comm` is the communicator's name; `rank` is the rank (within the
 /// communicator) that reached the step.
 ///
-/// Order on rank 0 with shared memory: `SegmentCreated`, `Listening` (unless it is alone), `RecordPublished`, then
+/// Order on rank 0 with shared memory: `SegmentCreated`, `Listening` and `RecordPublished` (unless it is alone), then
 /// `SegmentSent` once per peer on the same host (on a thread of its own, interleaved with the rest), `Arrived`,
 /// `Decided`, `Ready`.
 /// On the other ranks: `RecordRead`, `SegmentReceived` and `SegmentAttached` (same host only), `Arrived`,
@@ -63,7 +63,8 @@ pub enum Step<'a> {
         /// The rank.
         rank: usize,
     },
-    /// A rank counted itself in the store's arrival counter.
+    /// A rank counted itself in: rank 0 by publishing its record (at once after `RecordPublished`), the others by
+    /// adding to the store's arrival counter.
     Arrived {
         /// The communicator.
         comm: &'a str,
@@ -194,8 +195,8 @@ impl fmt::Display for Step<'_> {
 /// let comm = Communicator::world(BackendKind::Host, store, 1, 0, options)?;
 /// assert_eq!(
 ///     *seen.lock().unwrap(),
-///     // Alone, rank 0 shares its segment with nobody: it does not listen.
-///     ["segment_created", "record_published", "arrived", "decided", "ready"]
+///     // Alone, rank 0 shares its segment with nobody: it neither listens nor publishes a record.
+///     ["segment_created", "arrived", "decided", "ready"]
 /// );
 /// # drop(comm);
 /// # Ok::<(), hypercomm_comm::CommError>(())

@@ -282,7 +282,8 @@ impl CollectionBuilder {
     }
 
     /// Builds the collection by splitting `parent`, one split per group slot (color: the group's index; ranks
-    /// outside every group of a slot pass no color). Every member of `parent` must call this. The rank is
+    /// outside every group of a slot pass no color), with one all-gather on `parent` for every slot's color
+    /// ([`Communicator::split_many`]). Every member of `parent` must call this. The rank is
     /// `parent`'s member id for this process. Host communicators only: with a GPU, split a process group with
     /// [`build_by_split_group`](Self::build_by_split_group).
     pub fn build_by_split(
@@ -363,12 +364,9 @@ impl CollectionBuilder {
                 }
             }
         }
+        // Every slot's color and key first, so that one all-gather on the parent serves every split.
+        let mut splits = Vec::with_capacity(entries.len());
         for entry in &entries {
-            let comm_err = |source| CollectionError::Comm {
-                collection: self.name.clone(),
-                group: entry.id.clone(),
-                source: Box::new(source),
-            };
             let color = match &entry.membership {
                 Ok(m) => Some(
                     u32::try_from(m.group).map_err(|_| CollectionError::Invalid {
@@ -382,9 +380,28 @@ impl CollectionBuilder {
                 Err(_) => None,
             };
             let key = entry.membership.as_ref().map_or(0, |m| m.index as i64);
-            let child = parent
-                .split_with(color, key, entry.host.clone())
-                .map_err(comm_err)?;
+            splits.push((color, key, entry.host.clone()));
+        }
+        let colors: Vec<(Option<u32>, i64)> = splits.iter().map(|(c, k, _)| (*c, *k)).collect();
+        // A failure of the all-gather is the first split's: the one a split-by-split build would have failed in
+        // (without slots there is no all-gather to fail).
+        let mut children = parent
+            .split_many(splits)
+            .map_err(|source| CollectionError::Comm {
+                collection: self.name.clone(),
+                group: entries
+                    .first()
+                    .map_or_else(|| crate::GroupId::kind(""), |e| e.id.clone()),
+                source: Box::new(source),
+            })?;
+        for (entry, (color, key)) in entries.iter().zip(colors) {
+            let comm_err = |source| CollectionError::Comm {
+                collection: self.name.clone(),
+                group: entry.id.clone(),
+                source: Box::new(source),
+            };
+            // As many children as entries: the iterator ends only after the last.
+            let child = children.next().transpose().map_err(comm_err)?.flatten();
             // The device child falls with its host half (in the host child's failure domain).
             let device_child = match (parent_device, &entry.device) {
                 (Some(d), Some(options)) => d

@@ -320,12 +320,13 @@ impl ProcessGroupCollection {
         Ok(entry.group.get_or_init(|| pg))
     }
 
+    /// A barrier on every host communicator created, in slot order, each on this thread
+    /// ([`Communicator::barrier_now`]): a communicator nobody has used yet starts no progress thread for it.
     pub(crate) fn barrier_all(&self) -> Result<(), CollectionError> {
         for entry in &self.entries {
             if let Some(pg) = entry.group.get() {
                 pg.host()
-                    .barrier()
-                    .and_then(hypercomm_comm::Work::wait)
+                    .barrier_now()
                     .map_err(|source| CollectionError::Comm {
                         collection: self.name.clone(),
                         group: entry.id.clone(),

@@ -7,6 +7,8 @@
 //!
 //! The progress thread starts with the first operation, not with the communicator: a collection builds a
 //! communicator for every group of a layout (22 kinds), and the groups a program never uses then cost no thread.
+//! [`Communicator::barrier_now`] runs a barrier on the caller's thread while no thread has started, so that the
+//! collection's closing barrier on each group costs none either.
 //!
 //! The progress thread and its job queue are in `engine`; the collectives, each a job for it, in `collectives`.
 
@@ -15,8 +17,9 @@ mod engine;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use hypercomm_store::Store;
 
@@ -78,12 +81,17 @@ pub(crate) struct Shared {
     lane: Mutex<Lane>,
     /// The progress thread, once started; joined on drop.
     progress: Mutex<Option<JoinHandle<()>>>,
+    /// Signalled when a borrowed engine comes back to the lane.
+    returned: Condvar,
 }
 
 /// Where a communicator's operations go.
 enum Lane {
     /// No operation yet: the engine waits here, with no thread.
     Idle(Box<Engine>),
+    /// An operation runs on the thread that issued it ([`Communicator::barrier_now`]); the engine comes back to
+    /// `Idle` when it ends (or is told its peers goodbye, should the communicator have been aborted meanwhile).
+    Borrowed,
     /// The progress thread runs what is sent here.
     Running(mpsc::Sender<Job>),
     /// Aborted or dropped: nothing runs any more.
@@ -114,8 +122,36 @@ impl Shared {
             Lane::Running(sender) => {
                 let _ = sender.send(Box::new(|engine: &mut Engine| engine.backend.abort()));
             }
-            Lane::Closed => {}
+            // The borrower tells the peers when it gives the engine back and finds the lane closed.
+            Lane::Borrowed | Lane::Closed => {}
         }
+        self.returned.notify_all();
+    }
+
+    /// Takes the idle engine out of the lane to run an operation on the calling thread; `None` when the progress
+    /// thread runs (or the engine is borrowed, or the communicator closed): then the operation goes through it.
+    fn borrow_idle(&self) -> Option<Box<Engine>> {
+        let mut lane = lock(&self.lane);
+        match std::mem::replace(&mut *lane, Lane::Borrowed) {
+            Lane::Idle(engine) => Some(engine),
+            other => {
+                *lane = other;
+                None
+            }
+        }
+    }
+
+    /// Gives a borrowed engine back; when the communicator was aborted meanwhile, tells the peers now (what
+    /// the abort would have done with an idle engine) and drops it.
+    fn give_back(&self, mut engine: Box<Engine>) {
+        let mut lane = lock(&self.lane);
+        if matches!(*lane, Lane::Borrowed) {
+            *lane = Lane::Idle(engine);
+        } else {
+            drop(lane);
+            engine.backend.abort();
+        }
+        self.returned.notify_all();
     }
 
     /// Starts the progress thread for `engine`; on failure the communicator is broken.
@@ -141,9 +177,27 @@ impl Shared {
         Ok(tx)
     }
 
-    /// Hands `job` to the progress thread, starting it with the first job.
-    fn send(&self, comm: &str, job: Job) -> Result<(), CommError> {
+    /// Hands `job` to the progress thread, starting it with the first job. Should the engine be borrowed by an
+    /// operation running on another thread, waits for it (up to `timeout`, the bound of that operation).
+    fn send(&self, comm: &str, job: Job, timeout: Duration) -> Result<(), CommError> {
+        let deadline = Instant::now() + timeout;
         let mut lane = lock(&self.lane);
+        while matches!(*lane, Lane::Borrowed) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CommError::InvalidArgument {
+                    comm: comm.to_owned(),
+                    what: format!(
+                        "issued while barrier_now ran on another thread, which did not end within {timeout:?}"
+                    ),
+                });
+            }
+            lane = self
+                .returned
+                .wait_timeout(lane, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
         // An idle engine leaves the lane for its new thread; should the thread not start, the lane stays closed.
         *lane = match std::mem::replace(&mut *lane, Lane::Closed) {
             Lane::Idle(engine) => Lane::Running(self.start(comm, engine)?),
@@ -231,6 +285,7 @@ impl Communicator {
             broken,
             lane: Mutex::new(Lane::Idle(Box::new(engine))),
             progress: Mutex::new(None),
+            returned: Condvar::new(),
         });
         domain.register(&shared);
         Ok(Communicator {
@@ -377,8 +432,28 @@ impl Communicator {
         }
         let (work, done) = pair(&self.name);
         let job: Job = Box::new(move |engine: &mut Engine| done.complete(engine.execute(f)));
-        self.shared.send(&self.name, job)?;
+        self.shared.send(&self.name, job, self.options.timeout)?;
         Ok(work)
+    }
+
+    /// A barrier run to completion on the calling thread when no operation has started the progress thread yet
+    /// (so a communicator whose only operation is this barrier never costs a thread, as a collection's closing
+    /// barriers are); otherwise `barrier()?.wait()`, through the progress thread. Errors, failure reporting and
+    /// timeouts are those of [`barrier`](Self::barrier). An abort from another thread meanwhile takes effect
+    /// when the barrier ends, as it would after an operation already queued.
+    pub fn barrier_now(&self) -> Result<(), CommError> {
+        if let Some(cause) = self.broken() {
+            return Err(CommError::Broken {
+                comm: self.name.clone(),
+                cause,
+            });
+        }
+        let Some(mut engine) = self.shared.borrow_idle() else {
+            return self.barrier()?.wait();
+        };
+        let result = engine.execute(|b| b.barrier());
+        self.shared.give_back(engine);
+        result
     }
 
     /// Splits the communicator, with NCCL's semantics: ranks passing the same `color` form a new communicator,
@@ -398,29 +473,41 @@ impl Communicator {
         key: i64,
         options: CommOptions,
     ) -> Result<Option<Communicator>, CommError> {
-        let id = self.splits.fetch_add(1, Ordering::Relaxed);
-        let n = self.size();
-        let mine = vec![color.map_or(u64::MAX, u64::from), key as u64];
-        let (_, all) = self.all_gather_into(mine, vec![0u64; 2 * n])?.wait()?;
-        let Some(color) = color else { return Ok(None) };
-        let mut members: Vec<(i64, usize)> = (0..n)
-            .filter(|r| all[2 * r] == u64::from(color))
-            .map(|r| (all[2 * r + 1] as i64, r))
+        let mut children = self.split_many(vec![(color, key, options)])?;
+        // One split asked for, one child to take; `None` only if the iterator were already spent.
+        children.next().unwrap_or(Ok(None))
+    }
+
+    /// Many splits at once: `splits[i]` is the `(color, key, options)` of the `i`-th split, with the same
+    /// semantics, names and order as that many calls of [`split_with`](Self::split_with), but one all-gather of
+    /// every rank's colors and keys instead of one per split. Collective: every rank must pass the same number of
+    /// splits. The children are created as the returned iterator is advanced, in order, so that the caller can
+    /// interleave its own steps between them; every rank must take every child, as it would call every split.
+    pub fn split_many(
+        &self,
+        splits: Vec<(Option<u32>, i64, CommOptions)>,
+    ) -> Result<Splits<'_>, CommError> {
+        let count = splits.len();
+        let first = self.splits.fetch_add(count as u64, Ordering::Relaxed);
+        let mine: Vec<u64> = splits
+            .iter()
+            .flat_map(|(color, key, _)| [color.map_or(u64::MAX, u64::from), *key as u64])
             .collect();
-        members.sort_unstable();
-        let ranks = members.iter().map(|&(_, r)| self.ranks[r]).collect();
-        let options = CommOptions {
-            name: format!("{}/split{id}/color{color}", self.name),
-            ..options
+        let (_, all) = if count == 0 {
+            (Vec::new(), Vec::new())
+        } else {
+            let n = self.size();
+            self.all_gather_into(mine, vec![0u64; 2 * count * n])?
+                .wait()?
         };
-        Communicator::new(
-            self.kind,
-            Arc::clone(&self.store),
-            ranks,
-            self.ranks[self.rank],
-            options,
-        )
-        .map(Some)
+        Ok(Splits {
+            parent: self,
+            all,
+            count,
+            next: 0,
+            first,
+            pending: splits.into_iter(),
+        })
     }
 
     /// Gives up on the communicator: marks it broken, tells the peers (their pending and later operations fail
@@ -437,6 +524,73 @@ impl Communicator {
         }
         self.shared.close_telling_peers();
         // Drop joins the progress thread.
+    }
+}
+
+/// The children of [`Communicator::split_many`], each created (collectively, with its members) when taken.
+pub struct Splits<'a> {
+    parent: &'a Communicator,
+    /// Every rank's `(color, key)` per split: rank `r`'s for split `i` at `2 * (r * count + i)`.
+    all: Vec<u64>,
+    count: usize,
+    /// The index of the next split.
+    next: usize,
+    /// The parent's split number of split 0.
+    first: u64,
+    pending: std::vec::IntoIter<(Option<u32>, i64, CommOptions)>,
+}
+
+impl std::fmt::Debug for Splits<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Splits")
+            .field("parent", &self.parent.name)
+            .field("count", &self.count)
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl Iterator for Splits<'_> {
+    type Item = Result<Option<Communicator>, CommError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (color, _, options) = self.pending.next()?;
+        let i = self.next;
+        self.next += 1;
+        let Some(color) = color else {
+            return Some(Ok(None));
+        };
+        let parent = self.parent;
+        let n = parent.size();
+        let (all, count) = (&self.all, self.count);
+        let mut members: Vec<(i64, usize)> = (0..n)
+            .filter(|r| all[2 * (r * count + i)] == u64::from(color))
+            .map(|r| (all[2 * (r * count + i) + 1] as i64, r))
+            .collect();
+        members.sort_unstable();
+        let ranks = members.iter().map(|&(_, r)| parent.ranks[r]).collect();
+        let options = CommOptions {
+            name: format!(
+                "{}/split{}/color{color}",
+                parent.name,
+                self.first + i as u64
+            ),
+            ..options
+        };
+        Some(
+            Communicator::new(
+                parent.kind,
+                Arc::clone(&parent.store),
+                ranks,
+                parent.ranks[parent.rank],
+                options,
+            )
+            .map(Some),
+        )
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.pending.size_hint()
     }
 }
 
@@ -519,5 +673,150 @@ mod tests {
             .expect_err("an aborted communicator runs nothing");
         assert!(matches!(err, crate::CommError::Broken { .. }), "{err}");
         assert_eq!(threads_named("hypercomm-lzi"), 0, "not even to fail");
+    }
+
+    /// Runs `f(rank, comm)` on `n` threads, each with its rank of a host communicator `name` over one store.
+    fn on_ranks<T: Send + 'static>(
+        n: usize,
+        name: &'static str,
+        f: impl Fn(usize, Communicator) -> T + Send + Sync + 'static,
+    ) -> Vec<T> {
+        let store = Arc::new(MemoryStore::new());
+        let f = Arc::new(f);
+        let threads: Vec<_> = (0..n)
+            .map(|me| {
+                let (store, f) = (Arc::clone(&store), Arc::clone(&f));
+                std::thread::spawn(move || {
+                    let comm = Communicator::world(
+                        BackendKind::Host,
+                        store,
+                        n,
+                        me,
+                        CommOptions::named(name),
+                    )
+                    .expect("communicator");
+                    f(me, comm)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("rank thread"))
+            .collect()
+    }
+
+    #[test]
+    fn barrier_now_runs_on_the_calling_thread_until_an_operation_starts_the_progress_thread() {
+        let seen = on_ranks(2, "bnw", |_, comm| {
+            comm.barrier_now().expect("first barrier");
+            comm.barrier_now().expect("second barrier");
+            // Both ranks are past their barriers here: any progress thread of theirs would still be alive.
+            let idle = threads_named("hypercomm-bnw");
+            comm.barrier_now().expect("third barrier");
+            let sum = comm
+                .all_reduce(vec![1.0f32], ReduceOp::Sum)
+                .and_then(|w| w.wait())
+                .expect("all-reduce");
+            // The progress thread runs now: this barrier goes through it, after the all-reduce.
+            comm.barrier_now().expect("barrier through the thread");
+            (idle, sum, threads_named("hypercomm-bnw") >= 1)
+        });
+        for (idle, sum, running) in seen {
+            assert_eq!(idle, 0, "barrier_now started a progress thread");
+            assert_eq!(sum, [2.0]);
+            assert!(running, "the all-reduce started no progress thread");
+        }
+    }
+
+    #[test]
+    fn barrier_now_on_an_aborted_communicator_is_broken_and_tells_the_peer() {
+        let seen = on_ranks(2, "bna", |me, comm| {
+            if me == 0 {
+                comm.abort();
+                let err = comm.barrier_now().expect_err("aborted");
+                return matches!(err, crate::CommError::Broken { .. });
+            }
+            // Rank 1 waits in its barrier until rank 0's abort reaches it, well within the 5-minute timeout.
+            let start = std::time::Instant::now();
+            let failed = comm.barrier_now().is_err();
+            failed && start.elapsed() < std::time::Duration::from_secs(60)
+        });
+        assert_eq!(seen, [true, true]);
+    }
+
+    #[test]
+    fn an_abort_during_barrier_now_takes_effect_when_the_barrier_ends() {
+        let seen = on_ranks(2, "bnd", |me, comm| {
+            if me == 1 {
+                // Let rank 0 wait in its barrier while its communicator is aborted from another thread.
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                comm.barrier_now().expect("rank 1's barrier meets rank 0's");
+                // Rank 0's deferred abort reaches this rank: its next operation fails (not after 5 minutes).
+                let start = std::time::Instant::now();
+                let next = comm.barrier_now();
+                return next.is_err() && start.elapsed() < std::time::Duration::from_secs(60);
+            }
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    comm.abort();
+                });
+                // The barrier borrowed the engine before the abort: it completes with rank 1's.
+                comm.barrier_now().expect("rank 0's barrier");
+            });
+            matches!(comm.barrier_now(), Err(crate::CommError::Broken { .. }))
+        });
+        assert_eq!(seen, [true, true]);
+    }
+
+    #[test]
+    fn split_many_names_and_orders_children_as_that_many_splits_do() {
+        let seen = on_ranks(4, "spm", |me, comm| {
+            let named = |n: &str| CommOptions::named(n);
+            // Split 0: even and odd ranks, ordered by descending rank; split 1: only ranks 0 and 3; split 2:
+            // everyone in one color.
+            let parity = Some((me % 2) as u32);
+            let pair = [0, 3].contains(&me).then_some(7);
+            let children: Vec<Option<Communicator>> = comm
+                .split_many(vec![
+                    (parity, -(me as i64), named("a")),
+                    (pair, 0, named("b")),
+                    (Some(1), 0, named("c")),
+                ])
+                .expect("split_many")
+                .collect::<Result<_, _>>()
+                .expect("children");
+            let summary: Vec<Option<(String, Vec<usize>)>> = children
+                .iter()
+                .map(|c| {
+                    c.as_ref()
+                        .map(|c| (c.name().to_owned(), c.ranks().to_vec()))
+                })
+                .collect();
+            // Each child works, and a later split is numbered after the batch.
+            for child in children.iter().flatten() {
+                child.barrier_now().expect("child barrier");
+            }
+            let later = comm.split(Some(0), 0).expect("split").expect("child");
+            (summary, later.name().to_owned())
+        });
+        for (me, (summary, later)) in seen.into_iter().enumerate() {
+            let parity = if me % 2 == 0 { vec![2, 0] } else { vec![3, 1] };
+            assert_eq!(
+                summary[0],
+                Some((format!("spm/split0/color{}", me % 2), parity)),
+                "rank {me}"
+            );
+            let pair = [0, 3]
+                .contains(&me)
+                .then(|| ("spm/split1/color7".to_owned(), vec![0, 3]));
+            assert_eq!(summary[1], pair, "rank {me}");
+            assert_eq!(
+                summary[2],
+                Some(("spm/split2/color1".to_owned(), vec![0, 1, 2, 3])),
+                "rank {me}"
+            );
+            assert_eq!(later, "spm/split3/color0");
+        }
     }
 }

@@ -8,18 +8,26 @@
 //!    descriptor on a socket in the abstract namespace (see `fdpass`), from a thread of its own until step 4.
 //! 2. Every other rank reads `leader`. A rank on the leader's host (same boot id and hostname) fetches the segment
 //!    over the socket, maps it and attaches (writes its pid into its control block) before going on.
-//! 3. `arrived/<rank>`: every rank marks its arrival (read only to name the absent ranks when the bootstrap times
-//!    out); then `arrivals`: every rank adds 1 if it shares the leader's host, `n + 1` otherwise. The sum tells how many have
-//!    arrived (`sum mod (n+1)` plus `sum div (n+1)`) and how many are remote; the rank whose add completes the count
-//!    writes `decision`: `shm` (all local, TCP not forced), `tcp-local` (all local, TCP forced) or `tcp`.
-//! 4. Everyone reads `decision`; rank 0 stops serving the segment. Under `shm` every rank attached before its add;
-//!    the peers' pids come from the segment. Under TCP the segment is dropped, the leader publishes its listening
-//!    address under `tcp`, and the mesh is built peer to peer through the leader (see `mesh`).
+//! 3. `arrivals`: rank 0's record is its arrival; every other rank adds to the counter, with a weight saying
+//!    whether it shares the leader's host. In a group of up to 31 ranks it adds `1 << rank` if it does,
+//!    `1 << (n + rank)` if not, so the counter says exactly who has arrived and who is remote; in a larger group
+//!    it adds 1 or `n + 1` (`sum mod (n+1)` plus `sum div (n+1)` arrived, `sum div (n+1)` remote) and marks
+//!    `arrived/<rank>` (read only to name the absent ranks when the bootstrap times out). The rank whose add
+//!    completes the count writes `decision`: `shm` (all local, TCP not forced), `tcp-local` (all local, TCP forced)
+//!    or `tcp`.
+//! 4. Everyone else reads `decision`; rank 0 stops serving the segment. Under `shm` every rank attached before its
+//!    add; the peers' pids come from the segment. Under TCP the segment is dropped, the leader publishes its
+//!    listening address under `tcp`, and the mesh is built peer to peer through the leader (see `mesh`).
+//!
+//! A rank alone (`n = 1`) needs nobody: it publishes nothing and decides by itself, without a store request.
 //!
 //! No step leaves anything named behind: the segment and the socket vanish with the last process holding them.
 //! The caller's [`StepHook`](crate::StepHook) runs at each [`Step`].
 //!
-//! Per rank: 4 or 5 requests (one more for the rank that decides), a few hundred bytes.
+//! Per rank, in a group of up to 31 ranks: rank 0 makes 2 requests (its record, the decision), the others 3 (the
+//! record, their add, the decision, which the rank that decides writes instead of reading), a few hundred bytes;
+//! one more each (the arrival mark) in a larger group. Before the record counted as rank 0's arrival and the
+//! counter's bits named the absent, every rank made 4 or 5.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -80,9 +88,42 @@ fn get_or_name_missing(
     }
 }
 
-/// The ranks a stuck bootstrap is waiting for: those of `0..n` that have not written `arrived/<rank>`, and those
-/// whose process is known to be dead (a rank killed between its `arrived/<rank>` and its add to `arrivals`):
-/// rank 0 by the pid in its record, the attached ranks by the pids in the segment.
+/// Groups of at most this many ranks count arrivals in the bits of the counter (two per rank: local, remote), so
+/// that the counter itself says who arrived; larger ones count with weights and mark each arrival under its own key.
+const BIT_RANKS: usize = 31;
+
+/// What rank `me` of `n` adds to `arrivals`: `1 << me` (local) or `1 << (n + me)` (remote) in a group of up to
+/// [`BIT_RANKS`] ranks, else 1 (local) or `n + 1` (remote).
+fn arrival_weight(n: usize, me: usize, local: bool) -> i64 {
+    match (n <= BIT_RANKS, local) {
+        (true, true) => 1 << me,
+        (true, false) => 1 << (n + me),
+        (false, true) => 1,
+        (false, false) => n as i64 + 1,
+    }
+}
+
+/// From the `arrivals` counter of an `n`-rank group: how many ranks have added to it, and how many of them are
+/// remote.
+fn tally(n: usize, sum: i64) -> (i64, i64) {
+    if n <= BIT_RANKS {
+        let mask = (1i64 << n) - 1;
+        let remote = (sum >> n) & mask;
+        let arrived = (sum | remote) & mask;
+        (
+            i64::from(arrived.count_ones()),
+            i64::from(remote.count_ones()),
+        )
+    } else {
+        let (remote, near) = (sum / (n as i64 + 1), sum % (n as i64 + 1));
+        (remote + near, remote)
+    }
+}
+
+/// The ranks a stuck bootstrap is waiting for: ranks `1..n` that have not counted themselves in (by the bits of
+/// `arrivals` in a small group, else by their `arrived/<rank>` marks), and the ranks whose process is known to be
+/// dead: rank 0 by the pid in its record (its record is its arrival), the attached ranks by the pids in the segment
+/// (a rank killed after counting in).
 fn not_arrived(
     store: &dyn Store,
     name: &str,
@@ -90,9 +131,23 @@ fn not_arrived(
     leader_pid: Option<u32>,
     segment: Option<&Segment>,
 ) -> Vec<usize> {
+    let counter = (n <= BIT_RANKS).then(|| {
+        match store.try_get(&key(name, "arrivals")) {
+            Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).trim().parse::<i64>().ok(),
+            // Nobody has counted in yet.
+            Ok(None) => Some(0),
+            Err(_) => None,
+        }
+    });
     (0..n)
         .filter(|&r| {
-            let absent = !matches!(store.try_get(&key(name, "arrived").push(r)), Ok(Some(_)));
+            let absent = match (r, counter) {
+                (0, _) => false,
+                (_, Some(Some(sum))) => (sum | (sum >> n)) & (1 << r) == 0,
+                // An unreadable counter names nobody by it; the pids still can.
+                (_, Some(None)) => false,
+                (_, None) => !matches!(store.try_get(&key(name, "arrived").push(r)), Ok(Some(_))),
+            };
             let pid = match (r, segment) {
                 (0, _) => leader_pid,
                 (_, Some(seg)) => Some(
@@ -264,7 +319,9 @@ pub(crate) fn connect(
         return finish(store, n, me, options, scratch, joined);
     }
     if options.force_tcp {
-        publish(store, options, &identity, None)?;
+        if n > 1 {
+            publish(store, options, &identity, None)?;
+        }
         let joined = Joined {
             segment: None,
             local: true,
@@ -279,9 +336,8 @@ pub(crate) fn connect(
         .store(std::process::id(), std::sync::atomic::Ordering::SeqCst);
     step(options, Step::SegmentCreated { comm: name });
     if n == 1 {
-        // Nobody to share the segment with: no socket, no service thread.
+        // Nobody to share the segment with: no socket, no service thread, no record, no store request.
         drop(fd);
-        publish(store, options, &identity, None)?;
         let joined = Joined {
             segment: Some(seg),
             local: true,
@@ -384,45 +440,70 @@ fn finish_with(
         local,
         leader_pid,
     } = joined;
-    // 3: arrivals, and the decision by whoever completes them. `arrived/<rank>` is read only when the decision
-    // never comes, to name the ranks that did not arrive; it is written after counting in, so that a rank that
-    // dies between the two is named too.
-    let weight = if local { 1 } else { n as i64 + 1 };
-    let sum = store
-        .add(&key(name, "arrivals"), weight)
-        .map_err(store_err(name))?;
-    store
-        .set(&key(name, "arrived").push(me), b"")
-        .map_err(store_err(name))?;
-    step(
-        options,
-        Step::Arrived {
-            comm: name,
-            rank: me,
-        },
-    );
-    let (remote, near) = (sum / (n as i64 + 1), sum % (n as i64 + 1));
-    if remote + near == n as i64 {
-        let decision = match (remote, options.force_tcp) {
-            (0, false) => Decision::Shm,
-            (0, true) => Decision::TcpLocal,
-            _ => Decision::Tcp,
-        };
-        store
-            .set(&key(name, "decision"), decision.name().as_bytes())
+    // 3: arrivals, and the decision by whoever completes them. Rank 0's record is its arrival (every other rank
+    // reads it before counting in); the others add to `arrivals` (and, in a group too large for the counter's bits,
+    // mark `arrived/<rank>`, read only to name the absent ranks when the decision never comes; written after
+    // counting in, so that a rank that dies between the two is named too). A rank alone decides by itself.
+    let choose = |remote: i64| match (remote, options.force_tcp) {
+        (0, false) => Decision::Shm,
+        (0, true) => Decision::TcpLocal,
+        _ => Decision::Tcp,
+    };
+    let known = if me == 0 {
+        step(
+            options,
+            Step::Arrived {
+                comm: name,
+                rank: me,
+            },
+        );
+        (n == 1).then(|| choose(0))
+    } else {
+        let sum = store
+            .add(&key(name, "arrivals"), arrival_weight(n, me, local))
             .map_err(store_err(name))?;
-    }
+        if n > BIT_RANKS {
+            store
+                .set(&key(name, "arrived").push(me), b"")
+                .map_err(store_err(name))?;
+        }
+        step(
+            options,
+            Step::Arrived {
+                comm: name,
+                rank: me,
+            },
+        );
+        let (arrived, remote) = tally(n, sum);
+        if arrived == n as i64 - 1 {
+            let decision = choose(remote);
+            store
+                .set(&key(name, "decision"), decision.name().as_bytes())
+                .map_err(store_err(name))?;
+            Some(decision)
+        } else {
+            None
+        }
+    };
 
-    // 4: everyone learns the decision.
-    let bytes = get_or_name_missing(
-        store,
-        &key(name, "decision"),
-        options,
-        "bootstrap: waiting for every rank to arrive",
-        || not_arrived(store, name, n, leader_pid, segment.as_ref()),
-    );
-    decided();
-    let decision = Decision::parse(name, &bytes?)?;
+    // 4: everyone learns the decision (the rank that made it knows it).
+    let decision = match known {
+        Some(decision) => {
+            decided();
+            decision
+        }
+        None => {
+            let bytes = get_or_name_missing(
+                store,
+                &key(name, "decision"),
+                options,
+                "bootstrap: waiting for every rank to arrive",
+                || not_arrived(store, name, n, leader_pid, segment.as_ref()),
+            );
+            decided();
+            Decision::parse(name, &bytes?)?
+        }
+    };
     let transport = if decision == Decision::Shm {
         "shm"
     } else {
@@ -467,9 +548,11 @@ fn finish_with(
             drop(segment);
             let own = mesh::listen(name, decision == Decision::TcpLocal, options.host_addr)?;
             let leader = if me == 0 {
-                store
-                    .set(&key(name, "tcp"), own.advertised.to_string().as_bytes())
-                    .map_err(store_err(name))?;
+                if n > 1 {
+                    store
+                        .set(&key(name, "tcp"), own.advertised.to_string().as_bytes())
+                        .map_err(store_err(name))?;
+                }
                 None
             } else {
                 let bytes = get_or_name_missing(
@@ -500,4 +583,59 @@ fn finish_with(
         },
     );
     Ok(built)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hypercomm_store::MemoryStore;
+
+    #[test]
+    fn the_counter_tells_who_arrived_and_who_is_remote_in_small_and_large_groups() {
+        for n in [2, 5, BIT_RANKS, BIT_RANKS + 1, 100] {
+            // Ranks 1..n arrive one by one, every third remote; rank 0 never adds (its record is its arrival).
+            let mut sum = 0;
+            let mut remote = 0;
+            for me in 1..n {
+                let local = me % 3 != 0;
+                remote += i64::from(!local);
+                sum += arrival_weight(n, me, local);
+                assert_eq!(tally(n, sum), (me as i64, remote), "n {n}, after rank {me}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_stuck_bootstrap_names_the_ranks_that_did_not_count_in() {
+        let store = MemoryStore::new();
+        // A group of 4 (bits): ranks 1 (local) and 3 (remote) counted in, rank 2 did not.
+        for (me, local) in [(1, true), (3, false)] {
+            store
+                .add(&key("small", "arrivals"), arrival_weight(4, me, local))
+                .unwrap();
+        }
+        assert_eq!(
+            not_arrived(&store, "small", 4, Some(std::process::id()), None),
+            vec![2]
+        );
+        // Nobody counted in yet: all but rank 0, whose record is its arrival (and whose process lives).
+        assert_eq!(
+            not_arrived(&store, "none", 3, Some(std::process::id()), None),
+            vec![1, 2]
+        );
+        // A group of 40 (marks): only the marked ranks arrived.
+        let n = BIT_RANKS + 9;
+        for me in 1..n - 1 {
+            store.set(&key("large", "arrived").push(me), b"").unwrap();
+        }
+        assert_eq!(not_arrived(&store, "large", n, None, None), vec![n - 1]);
+        // A dead rank 0 is named although its record counted it in.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        assert_eq!(
+            not_arrived(&store, "small", 4, Some(dead), None),
+            vec![0, 2]
+        );
+    }
 }
