@@ -28,6 +28,16 @@ impl<R> Slot<R> {
 #[must_use = "an operation's buffers come back only through wait()"]
 pub struct Work<R> {
     slot: Arc<Slot<R>>,
+    /// Where the operation is queued, and its id there: [`Work::wait`] runs it on the waiting thread when it is
+    /// next and nothing else runs.
+    queued: Option<(Arc<dyn RunInline>, u64)>,
+}
+
+/// A queue that can run one of its jobs on the calling thread (a communicator's lane).
+pub(crate) trait RunInline: Send + Sync {
+    /// Runs job `id` here, to completion, if it is the next job and the queue's engine is free; says whether it
+    /// ran.
+    fn run_if_next(&self, id: u64) -> bool;
 }
 
 /// The progress thread's side of a [`Work`]. Dropping it without completing reports a broken communicator, so a
@@ -46,6 +56,7 @@ pub(crate) fn pair<R>(comm: &str) -> (Work<R>, Completer<R>) {
     (
         Work {
             slot: Arc::clone(&slot),
+            queued: None,
         },
         Completer {
             slot: Some(slot),
@@ -76,10 +87,22 @@ impl<R> Drop for Completer<R> {
 }
 
 impl<R> Work<R> {
+    /// This handle's operation is job `id` of `queue`.
+    pub(crate) fn runs_inline(mut self, queue: Arc<dyn RunInline>, id: u64) -> Self {
+        self.queued = Some((queue, id));
+        self
+    }
+
     /// Blocks until the operation completes; returns its buffers or its error. The operation's own waits are
     /// bounded by the communicator's timeout, so this returns within about that long after the operations issued
-    /// before it.
+    /// before it. When the operation has not started and is the communicator's next, it runs here, on the
+    /// calling thread, instead of on the progress thread.
     pub fn wait(self) -> Result<R, CommError> {
+        if let Some((queue, id)) = &self.queued
+            && !self.is_completed()
+        {
+            queue.run_if_next(*id);
+        }
         let mut guard = self.slot.lock();
         loop {
             if let Some(result) = guard.take() {

@@ -2,24 +2,24 @@
 //!
 //! A communicator is created collectively by every member rank from a store, a rank list and [`CommOptions`].
 //! Each collective checks its local arguments at once (wrong lengths, roots and peers are errors before anything
-//! is sent), then moves its buffers into a job for the communicator's progress thread, which runs jobs one at a
-//! time in issue order, and returns a [`Work`] handle that gives the buffers back.
+//! is sent), then moves its buffers into a job on the communicator's lane, where jobs run one at a time in issue
+//! order, and returns a [`Work`] handle that gives the buffers back. A job runs on the thread that waits on it
+//! when it is next (the usual issue-then-wait), otherwise on the communicator's progress thread.
 //!
 //! The progress thread starts with the first operation, not with the communicator: a collection builds a
 //! communicator for every group of a layout (22 kinds), and the groups a program never uses then cost no thread.
-//! [`Communicator::barrier_now`] runs a barrier on the caller's thread while no thread has started, so that the
+//! [`Communicator::barrier_now`] runs a barrier on the caller's thread while nothing is queued, so that the
 //! collection's closing barrier on each group costs none either.
 //!
-//! The progress thread and its job queue are in `engine`; the collectives, each a job for it, in `collectives`.
+//! The queue and the progress thread are in `lane`; what runs a job on the backend, in `engine`; the collectives,
+//! each a job, in `collectives`.
 
 mod collectives;
 mod engine;
+mod lane;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
 
 use hypercomm_store::Store;
 
@@ -28,9 +28,10 @@ use crate::backend::Backend;
 use crate::backends::host::HostBackend;
 use crate::failure::{self, Context, FailureDomain};
 use crate::options::{BackendKind, CommOptions};
-use crate::work::{Work, pair};
+use crate::work::{RunInline, Work, pair};
 
 use engine::{Engine, Job, lock};
+use lane::Lane;
 
 /// What an out-of-place operation gives back: its `(input, output)` buffers.
 pub type InOut<T> = (Vec<T>, Vec<T>);
@@ -78,24 +79,7 @@ pub struct Communicator {
 /// progress thread.
 pub(crate) struct Shared {
     broken: Arc<Mutex<Option<String>>>,
-    lane: Mutex<Lane>,
-    /// The progress thread, once started; joined on drop.
-    progress: Mutex<Option<JoinHandle<()>>>,
-    /// Signalled when a borrowed engine comes back to the lane.
-    returned: Condvar,
-}
-
-/// Where a communicator's operations go.
-enum Lane {
-    /// No operation yet: the engine waits here, with no thread.
-    Idle(Box<Engine>),
-    /// An operation runs on the thread that issued it ([`Communicator::barrier_now`]); the engine comes back to
-    /// `Idle` when it ends (or is told its peers goodbye, should the communicator have been aborted meanwhile).
-    Borrowed,
-    /// The progress thread runs what is sent here.
-    Running(mpsc::Sender<Job>),
-    /// Aborted or dropped: nothing runs any more.
-    Closed,
+    lane: Arc<Lane>,
 }
 
 impl Shared {
@@ -109,110 +93,7 @@ impl Shared {
             }
             *broken = Some(cause.to_owned());
         }
-        self.close_telling_peers();
-    }
-
-    /// Closes the lane after telling the peers this rank gives up: through the progress thread when it runs
-    /// (after the operations already queued), at once on this thread when no operation ever started it.
-    fn close_telling_peers(&self) {
-        // Taken out first, so that the lock is not held while an idle engine tells its peers.
-        let lane = std::mem::replace(&mut *lock(&self.lane), Lane::Closed);
-        match lane {
-            Lane::Idle(mut engine) => engine.backend.abort(),
-            Lane::Running(sender) => {
-                let _ = sender.send(Box::new(|engine: &mut Engine| engine.backend.abort()));
-            }
-            // The borrower tells the peers when it gives the engine back and finds the lane closed.
-            Lane::Borrowed | Lane::Closed => {}
-        }
-        self.returned.notify_all();
-    }
-
-    /// Takes the idle engine out of the lane to run an operation on the calling thread; `None` when the progress
-    /// thread runs (or the engine is borrowed, or the communicator closed): then the operation goes through it.
-    fn borrow_idle(&self) -> Option<Box<Engine>> {
-        let mut lane = lock(&self.lane);
-        match std::mem::replace(&mut *lane, Lane::Borrowed) {
-            Lane::Idle(engine) => Some(engine),
-            other => {
-                *lane = other;
-                None
-            }
-        }
-    }
-
-    /// Gives a borrowed engine back; when the communicator was aborted meanwhile, tells the peers now (what
-    /// the abort would have done with an idle engine) and drops it.
-    fn give_back(&self, mut engine: Box<Engine>) {
-        let mut lane = lock(&self.lane);
-        if matches!(*lane, Lane::Borrowed) {
-            *lane = Lane::Idle(engine);
-        } else {
-            drop(lane);
-            engine.backend.abort();
-        }
-        self.returned.notify_all();
-    }
-
-    /// Starts the progress thread for `engine`; on failure the communicator is broken.
-    fn start(&self, comm: &str, mut engine: Box<Engine>) -> Result<mpsc::Sender<Job>, CommError> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let progress = std::thread::Builder::new()
-            .name(format!("hypercomm-{comm}"))
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    job(&mut engine);
-                }
-            })
-            .map_err(|source| {
-                lock(&self.broken)
-                    .get_or_insert_with(|| "its progress thread could not start".into());
-                CommError::Io {
-                    comm: comm.to_owned(),
-                    what: "starting the progress thread".into(),
-                    source,
-                }
-            })?;
-        *lock(&self.progress) = Some(progress);
-        Ok(tx)
-    }
-
-    /// Hands `job` to the progress thread, starting it with the first job. Should the engine be borrowed by an
-    /// operation running on another thread, waits for it (up to `timeout`, the bound of that operation).
-    fn send(&self, comm: &str, job: Job, timeout: Duration) -> Result<(), CommError> {
-        let deadline = Instant::now() + timeout;
-        let mut lane = lock(&self.lane);
-        while matches!(*lane, Lane::Borrowed) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(CommError::InvalidArgument {
-                    comm: comm.to_owned(),
-                    what: format!(
-                        "issued while barrier_now ran on another thread, which did not end within {timeout:?}"
-                    ),
-                });
-            }
-            lane = self
-                .returned
-                .wait_timeout(lane, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        // An idle engine leaves the lane for its new thread; should the thread not start, the lane stays closed.
-        *lane = match std::mem::replace(&mut *lane, Lane::Closed) {
-            Lane::Idle(engine) => Lane::Running(self.start(comm, engine)?),
-            other => other,
-        };
-        match &*lane {
-            Lane::Running(sender) => sender.send(job).map_err(|_| CommError::Broken {
-                comm: comm.to_owned(),
-                cause: "the progress thread has stopped".into(),
-            }),
-            _ => Err(CommError::Broken {
-                comm: comm.to_owned(),
-                cause: "the communicator was aborted".into(),
-            }),
-        }
+        self.lane.close(true);
     }
 }
 
@@ -283,9 +164,7 @@ impl Communicator {
         };
         let shared = Arc::new(Shared {
             broken,
-            lane: Mutex::new(Lane::Idle(Box::new(engine))),
-            progress: Mutex::new(None),
-            returned: Condvar::new(),
+            lane: Lane::new(&options.name, Box::new(engine)),
         });
         domain.register(&shared);
         Ok(Communicator {
@@ -432,13 +311,13 @@ impl Communicator {
         }
         let (work, done) = pair(&self.name);
         let job: Job = Box::new(move |engine: &mut Engine| done.complete(engine.execute(f)));
-        self.shared.send(&self.name, job, self.options.timeout)?;
-        Ok(work)
+        let id = self.shared.lane.push(job)?;
+        Ok(work.runs_inline(Arc::clone(&self.shared.lane) as Arc<dyn RunInline>, id))
     }
 
-    /// A barrier run to completion on the calling thread when no operation has started the progress thread yet
-    /// (so a communicator whose only operation is this barrier never costs a thread, as a collection's closing
-    /// barriers are); otherwise `barrier()?.wait()`, through the progress thread. Errors, failure reporting and
+    /// A barrier run to completion on the calling thread without queueing it, when nothing is queued or running
+    /// (so a communicator whose only operation is this barrier never starts a thread, as a collection's closing
+    /// barriers are); otherwise `barrier()?.wait()`, after the queued operations. Errors, failure reporting and
     /// timeouts are those of [`barrier`](Self::barrier). An abort from another thread meanwhile takes effect
     /// when the barrier ends, as it would after an operation already queued.
     pub fn barrier_now(&self) -> Result<(), CommError> {
@@ -448,11 +327,11 @@ impl Communicator {
                 cause,
             });
         }
-        let Some(mut engine) = self.shared.borrow_idle() else {
+        let Some(mut engine) = self.shared.lane.borrow_idle() else {
             return self.barrier()?.wait();
         };
         let result = engine.execute(|b| b.barrier());
-        self.shared.give_back(engine);
+        self.shared.lane.give_back(engine);
         result
     }
 
@@ -522,7 +401,7 @@ impl Communicator {
             // this rank already recorded a failure in its domain, which stays its record).
             self.domain.record_abort();
         }
-        self.shared.close_telling_peers();
+        self.shared.lane.close(true);
         // Drop joins the progress thread.
     }
 }
@@ -596,15 +475,9 @@ impl Iterator for Splits<'_> {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // Closing the lane ends the progress thread after the operations already issued (an engine that never
-        // ran an operation is dropped here).
-        drop(std::mem::replace(
-            &mut *lock(&self.shared.lane),
-            Lane::Closed,
-        ));
-        if let Some(handle) = lock(&self.shared.progress).take() {
-            let _ = handle.join();
-        }
+        // The progress thread ends after the operations already issued (an engine that never ran an operation
+        // retires here).
+        self.shared.lane.shut();
     }
 }
 
@@ -633,6 +506,19 @@ mod tests {
             .unwrap_or(0)
     }
 
+    /// [`threads_named`], once it reaches `at_least` or after 5 s: a new thread names itself when it first
+    /// runs, which may be a moment after the operation that started it (which ran on the waiting thread).
+    fn threads_named_soon(name: &str, at_least: usize) -> usize {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let count = threads_named(name);
+            if count >= at_least || std::time::Instant::now() >= deadline {
+                return count;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     #[test]
     fn the_progress_thread_starts_with_the_first_operation_and_ends_with_the_communicator() {
         let store = Arc::new(MemoryStore::new());
@@ -649,7 +535,7 @@ mod tests {
             .expect("all-reduce");
         assert_eq!(sum, [2.0]);
         assert_eq!(
-            threads_named("hypercomm-lzy"),
+            threads_named_soon("hypercomm-lzy", 1),
             1,
             "the first operation started it"
         );
@@ -706,7 +592,7 @@ mod tests {
     }
 
     #[test]
-    fn barrier_now_runs_on_the_calling_thread_until_an_operation_starts_the_progress_thread() {
+    fn barrier_now_runs_on_the_calling_thread_and_starts_no_progress_thread() {
         let seen = on_ranks(2, "bnw", |_, comm| {
             comm.barrier_now().expect("first barrier");
             comm.barrier_now().expect("second barrier");
@@ -717,14 +603,88 @@ mod tests {
                 .all_reduce(vec![1.0f32], ReduceOp::Sum)
                 .and_then(|w| w.wait())
                 .expect("all-reduce");
-            // The progress thread runs now: this barrier goes through it, after the all-reduce.
-            comm.barrier_now().expect("barrier through the thread");
-            (idle, sum, threads_named("hypercomm-bnw") >= 1)
+            // The progress thread exists now; with nothing queued, this barrier still runs here.
+            comm.barrier_now()
+                .expect("barrier after the thread started");
+            (idle, sum, threads_named_soon("hypercomm-bnw", 1) >= 1)
         });
         for (idle, sum, running) in seen {
             assert_eq!(idle, 0, "barrier_now started a progress thread");
             assert_eq!(sum, [2.0]);
             assert!(running, "the all-reduce started no progress thread");
+        }
+    }
+
+    #[test]
+    fn an_operation_waited_on_when_it_is_next_runs_on_the_waiting_thread() {
+        let ran_here = on_ranks(2, "inl", |_, comm| {
+            (0..3)
+                .map(|_| {
+                    let on = comm
+                        .submit(|b| {
+                            b.barrier()?;
+                            Ok(std::thread::current().id())
+                        })
+                        .and_then(|w| w.wait())
+                        .expect("barrier");
+                    on == std::thread::current().id()
+                })
+                .collect::<Vec<bool>>()
+        });
+        for seen in ran_here {
+            assert_eq!(seen, [true, true, true]);
+        }
+    }
+
+    #[test]
+    fn an_operation_nobody_waits_on_completes_on_the_progress_thread() {
+        let seen = on_ranks(2, "bgd", |_, comm| {
+            let work = comm
+                .submit(|b| {
+                    b.barrier()?;
+                    Ok(std::thread::current().id())
+                })
+                .expect("barrier");
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while !work.is_completed() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let completed = work.is_completed();
+            let on = work.wait().expect("barrier");
+            (completed, on != std::thread::current().id())
+        });
+        for (completed, elsewhere) in seen {
+            assert!(completed, "the operation did not progress without a waiter");
+            assert!(elsewhere, "the operation ran on the issuing thread");
+        }
+    }
+
+    #[test]
+    fn waiting_on_a_later_operation_first_keeps_the_issue_order() {
+        let seen = on_ranks(2, "ord", |me, comm| {
+            let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let log = |step: u32| {
+                let order = Arc::clone(&order);
+                move |b: &mut dyn crate::backend::Backend| {
+                    b.barrier()?;
+                    super::lock(&order).push(step);
+                    Ok(step)
+                }
+            };
+            let first = comm.submit(log(1)).expect("first");
+            let second = comm.submit(log(2)).expect("second");
+            // Rank 1 waits on the second first: it cannot run before the first, here or anywhere.
+            let results = if me == 1 {
+                let b = second.wait().expect("second");
+                (first.wait().expect("first"), b)
+            } else {
+                (first.wait().expect("first"), second.wait().expect("second"))
+            };
+            (results, super::lock(&order).clone())
+        });
+        for (results, order) in seen {
+            assert_eq!(results, (1, 2));
+            assert_eq!(order, [1, 2]);
         }
     }
 

@@ -1,0 +1,253 @@
+//! A communicator's lane: its operations in issue order, and the one engine that runs them, one at a time.
+//!
+//! Whoever runs the job at the head of the queue holds the engine meanwhile: the progress thread, or the thread
+//! that waits on that very job. [`Work::wait`](crate::Work::wait) runs its job inline when the job is next and
+//! the engine is free, so the usual issue-then-wait costs no hand-off to the progress thread and back (two
+//! wake-ups, several microseconds each, and two more threads competing for the cores). The progress thread starts
+//! with the first job and runs every job nobody is waiting on, so operations still progress in the background,
+//! and a rank blocked on one communicator never starves another's operations.
+//!
+//! Closing (abort or drop) refuses new jobs; the queued ones still run (they fail fast once the communicator is
+//! broken), and then whoever holds the engine last retires it: after an abort, it first tells the peers that this
+//! rank gives up.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use super::engine::{Engine, Job};
+use crate::CommError;
+use crate::work::RunInline;
+
+/// Where the engine is.
+enum Slot {
+    /// Free: nobody runs a job.
+    Here(Box<Engine>),
+    /// A job (or [`Lane::borrow_idle`]'s caller) runs on some thread.
+    Busy,
+    /// Retired after the lane closed.
+    Gone,
+}
+
+struct State {
+    engine: Slot,
+    jobs: VecDeque<(u64, Job)>,
+    /// The id the next job gets.
+    next: u64,
+    /// The progress thread was started.
+    started: bool,
+    /// No new jobs; the engine retires once the queue is empty.
+    closed: bool,
+    /// The engine tells the peers this rank gives up when it retires.
+    tell_peers: bool,
+}
+
+impl State {
+    /// Takes the engine out for good once the lane is closed, empty and the engine free; with whether the peers
+    /// must be told. The caller does that outside the lock.
+    fn retire(&mut self) -> Option<(Box<Engine>, bool)> {
+        if !self.closed || !self.jobs.is_empty() || !matches!(self.engine, Slot::Here(_)) {
+            return None;
+        }
+        match std::mem::replace(&mut self.engine, Slot::Gone) {
+            Slot::Here(engine) => Some((engine, self.tell_peers)),
+            // Checked above: the slot held the engine.
+            other => {
+                self.engine = other;
+                None
+            }
+        }
+    }
+
+    /// The next job and the engine, when the engine is free and a job is queued (and, with `only`, that job is
+    /// `only`).
+    fn take_next(&mut self, only: Option<u64>) -> Option<(Job, Box<Engine>)> {
+        let ready = matches!(self.engine, Slot::Here(_))
+            && self
+                .jobs
+                .front()
+                .is_some_and(|(id, _)| only.is_none_or(|want| *id == want));
+        if !ready {
+            return None;
+        }
+        let (_, job) = self.jobs.pop_front()?;
+        match std::mem::replace(&mut self.engine, Slot::Busy) {
+            Slot::Here(engine) => Some((job, engine)),
+            // Checked above; put everything back rather than lose the job.
+            other => {
+                self.engine = other;
+                self.jobs.push_front((u64::MAX, job));
+                None
+            }
+        }
+    }
+}
+
+fn retire((mut engine, tell_peers): (Box<Engine>, bool)) {
+    if tell_peers {
+        engine.backend.abort();
+    }
+}
+
+/// The queue and the engine of one communicator, shared by its handle, its progress thread and its [`Work`]s.
+///
+/// [`Work`]: crate::Work
+pub(crate) struct Lane {
+    state: Mutex<State>,
+    /// Signalled whenever a job is queued, the engine comes back or the lane closes.
+    changed: Condvar,
+    progress: Mutex<Option<JoinHandle<()>>>,
+    comm: String,
+}
+
+impl Lane {
+    pub(super) fn new(comm: &str, engine: Box<Engine>) -> Arc<Lane> {
+        Arc::new(Lane {
+            state: Mutex::new(State {
+                engine: Slot::Here(engine),
+                jobs: VecDeque::new(),
+                next: 0,
+                started: false,
+                closed: false,
+                tell_peers: false,
+            }),
+            changed: Condvar::new(),
+            progress: Mutex::new(None),
+            comm: comm.to_owned(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state consistent before anything that could panic runs.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `job` and returns its id; the first job starts the progress thread.
+    pub(super) fn push(self: &Arc<Self>, job: Job) -> Result<u64, CommError> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err(CommError::Broken {
+                comm: self.comm.clone(),
+                cause: "the communicator was aborted".into(),
+            });
+        }
+        if !state.started {
+            let lane = Arc::clone(self);
+            let thread = std::thread::Builder::new()
+                .name(format!("hypercomm-{}", self.comm))
+                .spawn(move || lane.progress())
+                .map_err(|source| CommError::Io {
+                    comm: self.comm.clone(),
+                    what: "starting the progress thread".into(),
+                    source,
+                })?;
+            *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
+            state.started = true;
+        }
+        let id = state.next;
+        state.next += 1;
+        state.jobs.push_back((id, job));
+        self.changed.notify_all();
+        Ok(id)
+    }
+
+    /// The progress thread: runs jobs as the engine is free, until the lane is closed and empty.
+    fn progress(&self) {
+        let mut state = self.lock();
+        loop {
+            if let Some(last) = state.retire() {
+                drop(state);
+                retire(last);
+                return;
+            }
+            if state.closed && state.jobs.is_empty() && matches!(state.engine, Slot::Gone) {
+                return;
+            }
+            if let Some((job, engine)) = state.take_next(None) {
+                drop(state);
+                state = self.run(job, engine);
+                continue;
+            }
+            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Runs `job` with `engine` (taken out of the slot) and puts the engine back; returns the lock.
+    fn run(&self, job: Job, mut engine: Box<Engine>) -> MutexGuard<'_, State> {
+        job(&mut engine);
+        let mut state = self.lock();
+        state.engine = Slot::Here(engine);
+        self.changed.notify_all();
+        state
+    }
+
+    /// Takes the engine for an operation on the calling thread when no job is queued or running; `None`
+    /// otherwise (then the operation must be queued).
+    pub(super) fn borrow_idle(&self) -> Option<Box<Engine>> {
+        let mut state = self.lock();
+        if state.closed || !state.jobs.is_empty() {
+            return None;
+        }
+        match std::mem::replace(&mut state.engine, Slot::Busy) {
+            Slot::Here(engine) => Some(engine),
+            other => {
+                state.engine = other;
+                None
+            }
+        }
+    }
+
+    /// Gives back an engine from [`borrow_idle`](Self::borrow_idle); retires it if the lane closed meanwhile.
+    pub(super) fn give_back(&self, engine: Box<Engine>) {
+        let mut state = self.lock();
+        state.engine = Slot::Here(engine);
+        let last = state.retire();
+        self.changed.notify_all();
+        drop(state);
+        if let Some(last) = last {
+            retire(last);
+        }
+    }
+
+    /// Closes the lane: no new jobs; the queued ones still run. With `tell_peers`, the engine's last act is to
+    /// tell the peers this rank gives up. Returns at once; the engine retires here when it is free and idle.
+    pub(super) fn close(&self, tell_peers: bool) {
+        let mut state = self.lock();
+        state.closed = true;
+        state.tell_peers |= tell_peers;
+        let last = state.retire();
+        self.changed.notify_all();
+        drop(state);
+        if let Some(last) = last {
+            retire(last);
+        }
+    }
+
+    /// Closes the lane and waits for the progress thread to finish the queued jobs and end.
+    pub(super) fn shut(&self) {
+        self.close(false);
+        let thread = self
+            .progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl RunInline for Lane {
+    fn run_if_next(&self, id: u64) -> bool {
+        let Some((job, engine)) = self.lock().take_next(Some(id)) else {
+            return false;
+        };
+        let mut state = self.run(job, engine);
+        let last = state.retire();
+        drop(state);
+        if let Some(last) = last {
+            retire(last);
+        }
+        true
+    }
+}
