@@ -1,4 +1,5 @@
-//! [`Work`]: the handle of an operation running on a communicator's progress thread.
+//! [`Work`]: the handle of an operation queued on a communicator (run by its progress thread, or by the thread that
+//! waits on it when it is next).
 //!
 //! Why ownership: an asynchronous collective reads and writes its buffers after the call returns, so the caller
 //! must not touch them until it completes. The simplest design that the compiler checks without `unsafe` is to
