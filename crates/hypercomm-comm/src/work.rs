@@ -37,8 +37,10 @@ pub struct Work<R> {
 /// A queue that can run one of its jobs on the calling thread (a communicator's lane).
 pub(crate) trait RunInline: Send + Sync {
     /// Runs job `id` here, to completion, if it is the next job and the queue's engine is free; says whether it
-    /// ran.
+    /// ran. When it did not, the queue's own thread is woken to run it.
     fn run_if_next(&self, id: u64) -> bool;
+    /// Wakes the queue's own thread to run what is queued (someone is polling or gave up a handle).
+    fn nudge(&self);
 }
 
 /// The progress thread's side of a [`Work`]. Dropping it without completing reports a broken communicator, so a
@@ -98,11 +100,12 @@ impl<R> Work<R> {
     /// bounded by the communicator's timeout, so this returns within about that long after the operations issued
     /// before it. When the operation has not started and is the communicator's next, it runs here, on the
     /// calling thread, instead of on the progress thread.
-    pub fn wait(self) -> Result<R, CommError> {
-        if let Some((queue, id)) = &self.queued
-            && !self.is_completed()
+    pub fn wait(mut self) -> Result<R, CommError> {
+        // Taken out, so that dropping the handle at the end does not wake the queue's thread.
+        if let Some((queue, id)) = self.queued.take()
+            && self.slot.lock().is_none()
         {
-            queue.run_if_next(*id);
+            queue.run_if_next(id);
         }
         let mut guard = self.slot.lock();
         loop {
@@ -120,6 +123,7 @@ impl<R> Work<R> {
     /// Waits up to `timeout` for completion and says whether the operation has completed; the result stays in
     /// the handle for [`Work::wait`].
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
+        self.nudge();
         let deadline = Instant::now() + timeout;
         let mut guard = self.slot.lock();
         while guard.is_none() {
@@ -139,7 +143,27 @@ impl<R> Work<R> {
 
     /// Whether the operation has completed (successfully or not). Never blocks.
     pub fn is_completed(&self) -> bool {
-        self.slot.lock().is_some()
+        let done = self.slot.lock().is_some();
+        if !done {
+            self.nudge();
+        }
+        done
+    }
+
+    /// Has the queue's thread run this operation as soon as it can, where nobody will run it inline.
+    fn nudge(&self) {
+        if let Some((queue, _)) = &self.queued {
+            queue.nudge();
+        }
+    }
+}
+
+impl<R> Drop for Work<R> {
+    fn drop(&mut self) {
+        // Dropped unwaited: nobody will run it inline.
+        if self.queued.is_some() && self.slot.lock().is_none() {
+            self.nudge();
+        }
     }
 }
 

@@ -7,6 +7,14 @@
 //! with the first job and runs every job nobody is waiting on, so operations still progress in the background,
 //! and a rank blocked on one communicator never starves another's operations.
 //!
+//! Waking the progress thread for every job would cost what running inline saves (on two cores, the woken
+//! thread preempts a rank in the middle of its operation). So while the lane is busy — a job issued within the
+//! last [`BUSY_WINDOW`] — the progress thread naps in [`NAP`] slices and takes any job still waiting when it
+//! wakes; issuing a job wakes it only from its long sleep, and so do a wait that cannot run its job, a poll
+//! ([`Work::is_completed`](crate::Work::is_completed), [`Work::wait_timeout`](crate::Work::wait_timeout)) and a
+//! dropped handle. An operation nobody waits on therefore starts within one nap, at most [`NAP`] after it was
+//! issued.
+//!
 //! Closing (abort or drop) refuses new jobs; the queued ones still run (they fail fast once the communicator is
 //! broken), and then whoever holds the engine last retires it: after an abort, it first tells the peers that this
 //! rank gives up.
@@ -14,10 +22,17 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::engine::{Engine, Job};
 use crate::CommError;
 use crate::work::RunInline;
+
+/// How long the progress thread of a busy lane sleeps between looks at the queue.
+pub(crate) const NAP: Duration = Duration::from_micros(500);
+
+/// How long after the last job a lane counts as busy (its progress thread naps rather than sleeping until woken).
+const BUSY_WINDOW: Duration = Duration::from_millis(50);
 
 /// Where the engine is.
 enum Slot {
@@ -40,6 +55,11 @@ struct State {
     closed: bool,
     /// The engine tells the peers this rank gives up when it retires.
     tell_peers: bool,
+    /// When the last job was queued.
+    last_push: Option<Instant>,
+    /// The progress thread is napping (it looks again within [`NAP`] unwoken); otherwise, if it waits, it sleeps
+    /// until woken.
+    napping: bool,
 }
 
 impl State {
@@ -110,6 +130,8 @@ impl Lane {
                 started: false,
                 closed: false,
                 tell_peers: false,
+                last_push: None,
+                napping: false,
             }),
             changed: Condvar::new(),
             progress: Mutex::new(None),
@@ -147,7 +169,11 @@ impl Lane {
         let id = state.next;
         state.next += 1;
         state.jobs.push_back((id, job));
-        self.changed.notify_all();
+        state.last_push = Some(Instant::now());
+        // A napping progress thread looks within a nap; one asleep is woken (the first job after a quiet spell).
+        if !state.napping {
+            self.changed.notify_all();
+        }
         Ok(id)
     }
 
@@ -168,8 +194,25 @@ impl Lane {
                 state = self.run(job, engine);
                 continue;
             }
-            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+            let busy = state.last_push.is_some_and(|at| at.elapsed() < BUSY_WINDOW);
+            state.napping = busy && !state.closed;
+            state = if state.napping {
+                self.changed
+                    .wait_timeout(state, NAP)
+                    .map(|(s, _)| s)
+                    .unwrap_or_else(|p| p.into_inner().0)
+            } else {
+                self.changed.wait(state).unwrap_or_else(|p| p.into_inner())
+            };
+            state.napping = false;
         }
+    }
+
+    /// Wakes the progress thread to run whatever is queued as soon as the engine is free (for a waiter that
+    /// cannot run its job, a poll, a dropped handle).
+    pub(crate) fn nudge(&self) {
+        let _state = self.lock();
+        self.changed.notify_all();
     }
 
     /// Runs `job` with `engine` (taken out of the slot) and puts the engine back; returns the lock.
@@ -177,7 +220,10 @@ impl Lane {
         job(&mut engine);
         let mut state = self.lock();
         state.engine = Slot::Here(engine);
-        self.changed.notify_all();
+        // The progress thread waits for the engine only when there is a job to run or the lane closed.
+        if !state.jobs.is_empty() || state.closed {
+            self.changed.notify_all();
+        }
         state
     }
 
@@ -240,6 +286,7 @@ impl Lane {
 impl RunInline for Lane {
     fn run_if_next(&self, id: u64) -> bool {
         let Some((job, engine)) = self.lock().take_next(Some(id)) else {
+            self.nudge();
             return false;
         };
         let mut state = self.run(job, engine);
@@ -249,5 +296,9 @@ impl RunInline for Lane {
             retire(last);
         }
         true
+    }
+
+    fn nudge(&self) {
+        Lane::nudge(self);
     }
 }

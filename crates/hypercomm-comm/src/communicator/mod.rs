@@ -637,25 +637,45 @@ mod tests {
     }
 
     #[test]
-    fn an_operation_nobody_waits_on_completes_on_the_progress_thread() {
+    fn operations_nobody_waits_on_or_polls_complete_on_the_progress_thread() {
         let seen = on_ranks(2, "bgd", |_, comm| {
-            let work = comm
-                .submit(|b| {
-                    b.barrier()?;
-                    Ok(std::thread::current().id())
-                })
-                .expect("barrier");
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            while !work.is_completed() && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            let completed = work.is_completed();
-            let on = work.wait().expect("barrier");
-            (completed, on != std::thread::current().id())
+            let unwaited = |comm: &Communicator| {
+                let work = comm
+                    .submit(|b| {
+                        b.barrier()?;
+                        Ok(std::thread::current().id())
+                    })
+                    .expect("barrier");
+                // No wait and no poll for a while: only the progress thread can run it meanwhile.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                let completed = work.is_completed();
+                (
+                    completed,
+                    work.wait().expect("barrier") != std::thread::current().id(),
+                )
+            };
+            comm.barrier()
+                .and_then(|w| w.wait())
+                .expect("first barrier");
+            // Quiet for longer than the busy window: the progress thread sleeps until a job wakes it.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let after_quiet = unwaited(&comm);
+            // Busy (a job issued just now): the progress thread naps, and a job does not wake it.
+            comm.barrier().and_then(|w| w.wait()).expect("busy barrier");
+            let while_busy = unwaited(&comm);
+            (after_quiet, while_busy)
         });
-        for (completed, elsewhere) in seen {
-            assert!(completed, "the operation did not progress without a waiter");
-            assert!(elsewhere, "the operation ran on the issuing thread");
+        for (after_quiet, while_busy) in seen {
+            assert_eq!(
+                after_quiet,
+                (true, true),
+                "(completed, elsewhere) after a quiet spell"
+            );
+            assert_eq!(
+                while_busy,
+                (true, true),
+                "(completed, elsewhere) while busy"
+            );
         }
     }
 
