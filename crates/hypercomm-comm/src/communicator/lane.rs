@@ -32,7 +32,7 @@ use crate::work::RunInline;
 pub(crate) const NAP: Duration = Duration::from_micros(500);
 
 /// How long after the last job a lane counts as busy (its progress thread naps rather than sleeping until woken).
-const BUSY_WINDOW: Duration = Duration::from_millis(50);
+const BUSY_WINDOW: Duration = Duration::from_millis(5);
 
 /// Where the engine is.
 enum Slot {
