@@ -10,11 +10,14 @@
 //! - **Small operations measure waiting.** Every round ends in a barrier. A waiting rank spins about 300 times
 //!   (a few µs), then calls `sched_yield` 20 times, then sleeps on the segment's doorbell futex in 2 ms slices,
 //!   checking its deadline, the abort flag and its peers' liveness between slices; an arriving rank wakes sleepers.
-//!   When every rank has a core of its own the peer arrives within the spin and a small all-reduce takes 5–8 µs.
+//!   When every rank has a core of its own the peer arrives within the spin and a small all-reduce takes about
+//!   2 µs (each operation runs on the thread that waits on it, so issue-then-wait hands nothing to the progress
+//!   thread; before that, two thread hand-offs made it 5–8 µs).
 //!   When the ranks share cores with each other or with other jobs, the rank it waits for is often not running:
 //!   spinning would only take the core that rank needs, so the waiter yields and then sleeps, and the wake-up
 //!   through the futex and the scheduler costs tens of µs. That is where the 25–95 µs small-operation figures
-//!   on a loaded machine come from, and why medians of several runs are reported.
+//!   on a loaded machine came from before operations ran on the waiting thread (fewer threads now compete for the
+//!   cores, so a rank falls through to sleeping far less often), and why medians of several runs are reported.
 //! - **Large operations measure memory traffic, not the wire.** busbw divides nccl-tests' bus bytes by the time,
 //!   which compares operations on a network. On one host the cost is the bytes read and written in memory. Once
 //!   the buffers exceed the last-level cache, an in-place all-reduce of `S` bytes reads `S` and writes `S` for
