@@ -66,12 +66,11 @@ impl State {
     /// Takes the engine out for good once the lane is closed, empty and the engine free; with whether the peers
     /// must be told. The caller does that outside the lock.
     fn retire(&mut self) -> Option<(Box<Engine>, bool)> {
-        if !self.closed || !self.jobs.is_empty() || !matches!(self.engine, Slot::Here(_)) {
+        if !self.closed || !self.jobs.is_empty() {
             return None;
         }
         match std::mem::replace(&mut self.engine, Slot::Gone) {
             Slot::Here(engine) => Some((engine, self.tell_peers)),
-            // Checked above: the slot held the engine.
             other => {
                 self.engine = other;
                 None
@@ -82,21 +81,22 @@ impl State {
     /// The next job and the engine, when the engine is free and a job is queued (and, with `only`, that job is
     /// `only`).
     fn take_next(&mut self, only: Option<u64>) -> Option<(Job, Box<Engine>)> {
-        let ready = matches!(self.engine, Slot::Here(_))
-            && self
-                .jobs
-                .front()
-                .is_some_and(|(id, _)| only.is_none_or(|want| *id == want));
-        if !ready {
+        let next = self.jobs.front().map(|(id, _)| *id)?;
+        if only.is_some_and(|want| want != next) {
             return None;
         }
-        let (_, job) = self.jobs.pop_front()?;
-        match std::mem::replace(&mut self.engine, Slot::Busy) {
-            Slot::Here(engine) => Some((job, engine)),
-            // Checked above; put everything back rather than lose the job.
+        let engine = match std::mem::replace(&mut self.engine, Slot::Busy) {
+            Slot::Here(engine) => engine,
             other => {
                 self.engine = other;
-                self.jobs.push_front((u64::MAX, job));
+                return None;
+            }
+        };
+        match self.jobs.pop_front() {
+            Some((_, job)) => Some((job, engine)),
+            // `front` saw a job a moment ago under the same lock: not reached, but the engine stays free if it is.
+            None => {
+                self.engine = Slot::Here(engine);
                 None
             }
         }
