@@ -189,9 +189,10 @@ impl Lane {
             if state.closed && state.jobs.is_empty() && matches!(state.engine, Slot::Gone) {
                 return;
             }
-            if let Some((job, engine)) = state.take_next(None) {
+            if let Some((job, mut engine)) = state.take_next(None) {
                 drop(state);
-                state = self.run(job, engine);
+                job(&mut engine);
+                state = self.put_back(engine);
                 continue;
             }
             let busy = state.last_push.is_some_and(|at| at.elapsed() < BUSY_WINDOW);
@@ -215,9 +216,8 @@ impl Lane {
         self.changed.notify_all();
     }
 
-    /// Runs `job` with `engine` (taken out of the slot) and puts the engine back; returns the lock.
-    fn run(&self, job: Job, mut engine: Box<Engine>) -> MutexGuard<'_, State> {
-        job(&mut engine);
+    /// Puts the engine back after a job or a borrow; returns the lock.
+    fn put_back(&self, engine: Box<Engine>) -> MutexGuard<'_, State> {
         let mut state = self.lock();
         state.engine = Slot::Here(engine);
         // The progress thread waits for the engine only when there is a job to run or the lane closed.
@@ -225,6 +225,16 @@ impl Lane {
             self.changed.notify_all();
         }
         state
+    }
+
+    /// Releases the lock, retiring the engine first (outside the lock) if the lane is closed, empty and the
+    /// engine free.
+    fn retire_if_due(mut state: MutexGuard<'_, State>) {
+        let last = state.retire();
+        drop(state);
+        if let Some(last) = last {
+            retire(last);
+        }
     }
 
     /// Takes the engine for an operation on the calling thread when no job is queued or running; `None`
@@ -245,14 +255,7 @@ impl Lane {
 
     /// Gives back an engine from [`borrow_idle`](Self::borrow_idle); retires it if the lane closed meanwhile.
     pub(super) fn give_back(&self, engine: Box<Engine>) {
-        let mut state = self.lock();
-        state.engine = Slot::Here(engine);
-        let last = state.retire();
-        self.changed.notify_all();
-        drop(state);
-        if let Some(last) = last {
-            retire(last);
-        }
+        Self::retire_if_due(self.put_back(engine));
     }
 
     /// Closes the lane: no new jobs; the queued ones still run. With `tell_peers`, the engine's last act is to
@@ -261,12 +264,8 @@ impl Lane {
         let mut state = self.lock();
         state.closed = true;
         state.tell_peers |= tell_peers;
-        let last = state.retire();
         self.changed.notify_all();
-        drop(state);
-        if let Some(last) = last {
-            retire(last);
-        }
+        Self::retire_if_due(state);
     }
 
     /// Closes the lane and waits for the progress thread to finish the queued jobs and end.
@@ -285,16 +284,12 @@ impl Lane {
 
 impl RunInline for Lane {
     fn run_if_next(&self, id: u64) -> bool {
-        let Some((job, engine)) = self.lock().take_next(Some(id)) else {
+        let Some((job, mut engine)) = self.lock().take_next(Some(id)) else {
             self.nudge();
             return false;
         };
-        let mut state = self.run(job, engine);
-        let last = state.retire();
-        drop(state);
-        if let Some(last) = last {
-            retire(last);
-        }
+        job(&mut engine);
+        self.give_back(engine);
         true
     }
 
