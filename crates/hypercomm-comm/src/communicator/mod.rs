@@ -321,12 +321,7 @@ impl Communicator {
     /// timeouts are those of [`barrier`](Self::barrier). An abort from another thread meanwhile takes effect
     /// when the barrier ends, as it would after an operation already queued.
     pub fn barrier_now(&self) -> Result<(), CommError> {
-        if let Some(cause) = self.broken() {
-            return Err(CommError::Broken {
-                comm: self.name.clone(),
-                cause,
-            });
-        }
+        // A broken communicator fails either way: the engine checks before running, `barrier()` before queueing.
         let Some(mut engine) = self.shared.lane.borrow_idle() else {
             return self.barrier()?.wait();
         };
@@ -383,7 +378,6 @@ impl Communicator {
             parent: self,
             all,
             count,
-            next: 0,
             first,
             pending: splits.into_iter(),
         })
@@ -412,8 +406,6 @@ pub struct Splits<'a> {
     /// Every rank's `(color, key)` per split: rank `r`'s for split `i` at `2 * (r * count + i)`.
     all: Vec<u64>,
     count: usize,
-    /// The index of the next split.
-    next: usize,
     /// The parent's split number of split 0.
     first: u64,
     pending: std::vec::IntoIter<(Option<u32>, i64, CommOptions)>,
@@ -424,7 +416,7 @@ impl std::fmt::Debug for Splits<'_> {
         f.debug_struct("Splits")
             .field("parent", &self.parent.name)
             .field("count", &self.count)
-            .field("next", &self.next)
+            .field("taken", &(self.count - self.pending.len()))
             .finish()
     }
 }
@@ -433,9 +425,9 @@ impl Iterator for Splits<'_> {
     type Item = Result<Option<Communicator>, CommError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        // The index of the split about to be taken: those already taken.
+        let i = self.count - self.pending.len();
         let (color, _, options) = self.pending.next()?;
-        let i = self.next;
-        self.next += 1;
         let Some(color) = color else {
             return Some(Ok(None));
         };
