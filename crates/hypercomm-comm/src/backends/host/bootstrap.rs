@@ -103,13 +103,19 @@ fn arrival_weight(n: usize, me: usize, local: bool) -> i64 {
     }
 }
 
+/// In a group of up to [`BIT_RANKS`] ranks, the `arrivals` counter's ranks that have added to it (bit `r` for rank
+/// `r`), and those of them that are remote.
+fn arrival_bits(n: usize, sum: i64) -> (i64, i64) {
+    let mask = (1i64 << n) - 1;
+    let remote = (sum >> n) & mask;
+    ((sum | remote) & mask, remote)
+}
+
 /// From the `arrivals` counter of an `n`-rank group: how many ranks have added to it, and how many of them are
 /// remote.
 fn tally(n: usize, sum: i64) -> (i64, i64) {
     if n <= BIT_RANKS {
-        let mask = (1i64 << n) - 1;
-        let remote = (sum >> n) & mask;
-        let arrived = (sum | remote) & mask;
+        let (arrived, remote) = arrival_bits(n, sum);
         (
             i64::from(arrived.count_ones()),
             i64::from(remote.count_ones()),
@@ -143,7 +149,7 @@ fn not_arrived(
         .filter(|&r| {
             let absent = match (r, counter) {
                 (0, _) => false,
-                (_, Some(Some(sum))) => (sum | (sum >> n)) & (1 << r) == 0,
+                (_, Some(Some(sum))) => arrival_bits(n, sum).0 & (1 << r) == 0,
                 // An unreadable counter names nobody by it; the pids still can.
                 (_, Some(None)) => false,
                 (_, None) => !matches!(store.try_get(&key(name, "arrived").push(r)), Ok(Some(_))),
