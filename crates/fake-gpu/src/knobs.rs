@@ -80,3 +80,20 @@ pub(crate) fn exchange_root() -> PathBuf {
         std::env::temp_dir()
     }
 }
+
+/// `FAKE_GPU_TRACE_CALLS=1`: every driver call is logged to stderr as `fake-cuda: call <name>`, so that a test can
+/// count the calls an operation makes (on a GPU, hypercomm's own cost per operation is mostly driver calls). A
+/// variant that forwards to another entry point (`cuMemFree_v2`, `cuEventRecordWithFlags`, ...) is logged under
+/// the call it forwards to.
+pub(crate) fn trace_call(name: &str) {
+    if std::env::var_os("FAKE_GPU_TRACE_CALLS").is_some_and(|v| v == "1") {
+        eprintln!("fake-cuda: call {name}");
+    }
+}
+
+/// `FAKE_GPU_STREAM_DELAY_MS`: how long a stream's worker waits before running each piece of work (default 0), a
+/// slow GPU: work that a caller forgot to wait for then reliably runs too late, and memory released too early is
+/// reliably still in use.
+pub(crate) fn stream_delay() -> Duration {
+    Duration::from_secs_f64(parsed::<f64>("FAKE_GPU_STREAM_DELAY_MS").unwrap_or(0.0) / 1e3)
+}

@@ -77,6 +77,10 @@ impl Stream {
                     q = self.changed.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
             };
+            let delay = knobs::stream_delay();
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
             let skip = lock(&self.queue).failed.is_some();
             let result = if skip { Ok(()) } else { work() };
             let mut q = lock(&self.queue);

@@ -4,6 +4,7 @@
 use std::ffi::c_void;
 
 use super::{CuResult, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS, failed, on_stream, put};
+use crate::knobs;
 use crate::memory;
 use crate::stream;
 
@@ -18,6 +19,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     bytes: usize,
     _stream: *mut c_void,
 ) -> CuResult {
+    knobs::trace_call("cuMemAllocAsync");
     match memory::allocate(bytes) {
         // SAFETY: the caller's contract.
         Some(a) => unsafe { put(address, a) },
@@ -43,13 +45,19 @@ pub unsafe extern "C" fn cuMemAlloc_v2(address: *mut u64, bytes: usize) -> CuRes
 /// `address` came from an allocation here and is not used again; `s` is null or a live stream.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync(address: u64, s: *mut c_void) -> CuResult {
+    knobs::trace_call("cuMemFreeAsync");
     if address == 0 {
         return INVALID_VALUE;
     }
     let free = Box::new(move || {
-        // SAFETY: the caller's contract: `address` is a live allocation, freed once.
-        unsafe { memory::free(address) };
-        Ok(())
+        // SAFETY: the caller's contract: nothing uses `address` any more.
+        if unsafe { memory::free(address) } {
+            Ok(())
+        } else {
+            Err(format!(
+                "freeing {address:#x}, which is not a live allocation"
+            ))
+        }
     });
     // SAFETY: the caller's contract.
     unsafe { on_stream("cuMemFreeAsync", s, free) }
@@ -78,6 +86,7 @@ pub unsafe extern "C" fn cuMemsetD8Async(
     n: usize,
     s: *mut c_void,
 ) -> CuResult {
+    knobs::trace_call("cuMemsetD8Async");
     let set = Box::new(move || {
         // SAFETY: the caller's contract.
         unsafe { std::ptr::write_bytes(address as usize as *mut u8, value, n) };
@@ -99,6 +108,7 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     n: usize,
     s: *mut c_void,
 ) -> CuResult {
+    knobs::trace_call("cuMemcpyHtoDAsync_v2");
     let bytes = if n == 0 {
         Vec::new()
     } else {
@@ -106,7 +116,8 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
         unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) }.to_vec()
     };
     let land = Box::new(move || {
-        // SAFETY: the caller's contract: `dst` holds `n` bytes.
+        memory::check(dst, n, "a host-to-device copy")?;
+        // SAFETY: `dst` holds `n` bytes of a live allocation (checked).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as usize as *mut u8, n) };
         Ok(())
     });
@@ -126,11 +137,16 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     n: usize,
     s: *mut c_void,
 ) -> CuResult {
+    knobs::trace_call("cuMemcpyDtoHAsync_v2");
     // SAFETY: the caller's contract.
     if let Err(e) = unsafe { stream::drain(s) } {
         return failed("cuMemcpyDtoHAsync", e);
     }
-    // SAFETY: the caller's contract; `copy` allows overlap.
+    if let Err(e) = memory::check(src, n, "a device-to-host copy") {
+        return failed("cuMemcpyDtoHAsync", e);
+    }
+    // SAFETY: `src` holds `n` bytes of a live allocation (checked), `dst` by the caller's contract; `copy`
+    // allows overlap.
     unsafe { std::ptr::copy(src as usize as *const u8, dst.cast::<u8>(), n) };
     SUCCESS
 }
@@ -147,8 +163,11 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
     n: usize,
     s: *mut c_void,
 ) -> CuResult {
+    knobs::trace_call("cuMemcpyDtoDAsync_v2");
     let copy = Box::new(move || {
-        // SAFETY: the caller's contract; `copy` allows overlap.
+        memory::check(src, n, "a device-to-device copy's source")?;
+        memory::check(dst, n, "a device-to-device copy's destination")?;
+        // SAFETY: both ranges lie in live allocations (checked); `copy` allows overlap.
         unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, n) };
         Ok(())
     });

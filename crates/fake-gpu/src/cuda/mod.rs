@@ -77,6 +77,7 @@ unsafe fn on_stream(what: &str, s: *mut c_void, work: stream::Work) -> CuResult 
 /// `cuInit`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuInit(_flags: c_uint) -> CuResult {
+    knobs::trace_call("cuInit");
     SUCCESS
 }
 
@@ -87,6 +88,7 @@ pub extern "C" fn cuInit(_flags: c_uint) -> CuResult {
 /// `version` is valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CuResult {
+    knobs::trace_call("cuDriverGetVersion");
     // SAFETY: the caller's contract.
     unsafe { put(version, 13000) }
 }
@@ -98,6 +100,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CuResult {
 /// `count` is valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CuResult {
+    knobs::trace_call("cuDeviceGetCount");
     // SAFETY: the caller's contract.
     unsafe { put(count, devices()) }
 }
@@ -109,6 +112,7 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CuResult {
 /// `device` is valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut c_int, ordinal: c_int) -> CuResult {
+    knobs::trace_call("cuDeviceGet");
     if !(0..devices()).contains(&ordinal) {
         return INVALID_VALUE;
     }
@@ -127,6 +131,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     attribute: c_int,
     _device: c_int,
 ) -> CuResult {
+    knobs::trace_call("cuDeviceGetAttribute");
     let v = match attribute {
         ATTRIBUTE_CC_MAJOR => 9,
         ATTRIBUTE_CC_MINOR => 0,
@@ -147,6 +152,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(
     context: *mut *mut c_void,
     device: c_int,
 ) -> CuResult {
+    knobs::trace_call("cuDevicePrimaryCtxRetain");
     let token = std::ptr::without_provenance_mut::<c_void>(device as usize + 1);
     // SAFETY: the caller's contract.
     unsafe { put(context, token) }
@@ -155,6 +161,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(
 /// `cuDevicePrimaryCtxRelease_v2`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(_device: c_int) -> CuResult {
+    knobs::trace_call("cuDevicePrimaryCtxRelease_v2");
     SUCCESS
 }
 
@@ -172,6 +179,7 @@ pub(crate) fn current_device() -> usize {
 /// `cuCtxSetCurrent`: the context becomes the calling thread's.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCurrent(context: *mut c_void) -> CuResult {
+    knobs::trace_call("cuCtxSetCurrent");
     CURRENT.with(|c| c.set(context as usize));
     SUCCESS
 }
@@ -183,6 +191,7 @@ pub extern "C" fn cuCtxSetCurrent(context: *mut c_void) -> CuResult {
 /// `context` is valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCurrent(context: *mut *mut c_void) -> CuResult {
+    knobs::trace_call("cuCtxGetCurrent");
     let token = std::ptr::without_provenance_mut::<c_void>(CURRENT.with(|c| c.get()));
     // SAFETY: the caller's contract.
     unsafe { put(context, token) }
@@ -191,6 +200,7 @@ pub unsafe extern "C" fn cuCtxGetCurrent(context: *mut *mut c_void) -> CuResult 
 /// `cuCtxSynchronize`: waits for every stream of the calling thread's context.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CuResult {
+    knobs::trace_call("cuCtxSynchronize");
     match stream::synchronize_all(current_device()) {
         Ok(()) => SUCCESS,
         Err(e) => failed("cuCtxSynchronize", e),
@@ -213,6 +223,7 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
     least: *mut c_int,
     greatest: *mut c_int,
 ) -> CuResult {
+    knobs::trace_call("cuCtxGetStreamPriorityRange");
     // SAFETY: the caller's contract; null pointers are skipped.
     unsafe {
         if !least.is_null() {
@@ -228,6 +239,7 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
 /// `cuModuleLoadData`: kernels do not run here.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuModuleLoadData(_module: *mut *mut c_void, _image: *const c_void) -> CuResult {
+    knobs::trace_call("cuModuleLoadData");
     NOT_SUPPORTED
 }
 
@@ -238,6 +250,7 @@ pub extern "C" fn cuModuleLoadData(_module: *mut *mut c_void, _image: *const c_v
 /// `text` is valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorString(_error: CuResult, text: *mut *const c_char) -> CuResult {
+    knobs::trace_call("cuGetErrorString");
     // SAFETY: the caller's contract.
     unsafe { put(text, c"error from the fake cuda driver".as_ptr()) }
 }
@@ -249,6 +262,7 @@ pub unsafe extern "C" fn cuGetErrorString(_error: CuResult, text: *mut *const c_
 /// `text` is valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorName(_error: CuResult, text: *mut *const c_char) -> CuResult {
+    knobs::trace_call("cuGetErrorName");
     // SAFETY: the caller's contract.
     unsafe { put(text, c"FAKE_CUDA_ERROR".as_ptr()) }
 }

@@ -18,6 +18,7 @@ use crate::stream::{self, Stream};
 /// `stream` is valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamCreate(out: *mut *mut c_void, _flags: c_uint) -> CuResult {
+    knobs::trace_call("cuStreamCreate");
     if out.is_null() {
         return INVALID_VALUE;
     }
@@ -50,6 +51,7 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
 /// `stream` came from [`cuStreamCreate`] and is not used again.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> CuResult {
+    knobs::trace_call("cuStreamDestroy_v2");
     if stream.is_null() {
         return INVALID_VALUE;
     }
@@ -65,6 +67,7 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> CuResult {
 /// `s` is null or a live stream.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamSynchronize(s: *mut c_void) -> CuResult {
+    knobs::trace_call("cuStreamSynchronize");
     // SAFETY: the caller's contract.
     match unsafe { stream::drain(s) } {
         Ok(()) => SUCCESS,
@@ -79,6 +82,7 @@ pub unsafe extern "C" fn cuStreamSynchronize(s: *mut c_void) -> CuResult {
 /// `s` is null or a live stream.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamQuery(s: *mut c_void) -> CuResult {
+    knobs::trace_call("cuStreamQuery");
     // SAFETY: the caller's contract.
     match unsafe { stream::from_handle(s) } {
         Some(s) if !s.idle() => NOT_READY,
@@ -108,6 +112,7 @@ pub unsafe extern "C" fn cuStreamWaitEvent(
     e: *mut c_void,
     _flags: c_uint,
 ) -> CuResult {
+    knobs::trace_call("cuStreamWaitEvent");
     // SAFETY: the caller's contract.
     let Some(e) = (unsafe { event(e) }) else {
         return INVALID_VALUE;
@@ -137,6 +142,7 @@ pub unsafe extern "C" fn cuStreamWaitEvent(
 /// `out` is valid for one write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventCreate(out: *mut *mut c_void, _flags: c_uint) -> CuResult {
+    knobs::trace_call("cuEventCreate");
     let handle = Box::into_raw(Box::new(Arc::new(Event::default())));
     // SAFETY: the caller's contract.
     unsafe { put(out, handle.cast::<c_void>()) }
@@ -149,6 +155,7 @@ pub unsafe extern "C" fn cuEventCreate(out: *mut *mut c_void, _flags: c_uint) ->
 /// `e` is a live event; `s` is null or a live stream.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventRecord(e: *mut c_void, s: *mut c_void) -> CuResult {
+    knobs::trace_call("cuEventRecord");
     // SAFETY: the caller's contract.
     let Some(e) = (unsafe { event(e) }) else {
         return INVALID_VALUE;
@@ -182,6 +189,7 @@ pub unsafe extern "C" fn cuEventRecordWithFlags(
 /// `e` is a live event.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventQuery(e: *mut c_void) -> CuResult {
+    knobs::trace_call("cuEventQuery");
     // SAFETY: the caller's contract.
     match unsafe { event(e) } {
         Some(e) if e.complete() => SUCCESS,
@@ -197,6 +205,7 @@ pub unsafe extern "C" fn cuEventQuery(e: *mut c_void) -> CuResult {
 /// `e` is a live event.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventSynchronize(e: *mut c_void) -> CuResult {
+    knobs::trace_call("cuEventSynchronize");
     // SAFETY: the caller's contract.
     let Some(e) = (unsafe { event(e) }) else {
         return INVALID_VALUE;
@@ -219,6 +228,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     start: *mut c_void,
     end: *mut c_void,
 ) -> CuResult {
+    knobs::trace_call("cuEventElapsedTime");
     // SAFETY: the caller's contract.
     let (Some(s), Some(e)) = (unsafe { event(start) }, unsafe { event(end) }) else {
         return INVALID_VALUE;
@@ -255,6 +265,7 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
 /// `e` came from [`cuEventCreate`] and is not used again.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventDestroy_v2(e: *mut c_void) -> CuResult {
+    knobs::trace_call("cuEventDestroy_v2");
     if e.is_null() {
         return INVALID_VALUE;
     }

@@ -45,6 +45,8 @@ use crate::knobs;
 use crate::stream;
 
 pub(crate) const SUCCESS: ncclResult_t = 0;
+/// `ncclUnhandledCudaError`: what NCCL reports when its kernel faults (here: touched memory not allocated).
+pub(crate) const UNHANDLED_CUDA_ERROR: ncclResult_t = 1;
 pub(crate) const SYSTEM_ERROR: ncclResult_t = 2;
 pub(crate) const INVALID_ARGUMENT: ncclResult_t = 4;
 pub(crate) const INVALID_USAGE: ncclResult_t = 5;

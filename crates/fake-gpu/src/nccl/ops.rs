@@ -14,7 +14,8 @@ use std::sync::atomic::Ordering;
 use super::comm::Comm;
 use super::exchange::{await_file, publish};
 use super::reduce::{op_name, reduce, type_name, width};
-use super::{INVALID_USAGE, SYSTEM_ERROR};
+use super::{INVALID_USAGE, SYSTEM_ERROR, UNHANDLED_CUDA_ERROR};
+use crate::memory;
 
 /// One call, with device addresses. Counts are in elements, as NCCL takes them.
 #[derive(Clone, Copy, Debug)]
@@ -223,29 +224,35 @@ pub(crate) fn issue(comm: &Arc<Comm>, call: Call) -> Result<Issued, (ncclResult_
     })
 }
 
-/// Reads `n` bytes of "device" memory.
+/// Reads `n` bytes of "device" memory; an error (CUDA's, as NCCL reports a faulting kernel) unless they lie in a
+/// live allocation.
 ///
 /// # Safety
 ///
-/// `addr` holds `n` readable bytes.
-unsafe fn read(addr: u64, n: usize) -> Vec<u8> {
+/// Nothing writes the bytes meanwhile.
+unsafe fn read(addr: u64, n: usize) -> Result<Vec<u8>, (ncclResult_t, String)> {
     if n == 0 {
-        return Vec::new();
+        return Ok(Vec::new());
     }
-    // SAFETY: the contract.
-    unsafe { std::slice::from_raw_parts(addr as usize as *const u8, n) }.to_vec()
+    memory::check(addr, n, "a collective's read").map_err(|e| (UNHANDLED_CUDA_ERROR, e))?;
+    // SAFETY: a live allocation holds the bytes (checked); the contract.
+    Ok(unsafe { std::slice::from_raw_parts(addr as usize as *const u8, n) }.to_vec())
 }
 
-/// Writes `bytes` to "device" memory.
+/// Writes `bytes` to "device" memory; an error unless they land in a live allocation.
 ///
 /// # Safety
 ///
-/// `addr` holds `bytes.len()` writable bytes.
-unsafe fn write(addr: u64, bytes: &[u8]) {
+/// Nothing else reads or writes the bytes meanwhile.
+unsafe fn write(addr: u64, bytes: &[u8]) -> Result<(), (ncclResult_t, String)> {
     if !bytes.is_empty() {
-        // SAFETY: the contract; `copy` allows overlap with nothing here (bytes is a separate Vec).
+        memory::check(addr, bytes.len(), "a collective's write")
+            .map_err(|e| (UNHANDLED_CUDA_ERROR, e))?;
+        // SAFETY: a live allocation holds the bytes (checked); `copy` allows overlap with nothing here (bytes is
+        // a separate Vec).
         unsafe { std::ptr::copy(bytes.as_ptr(), addr as usize as *mut u8, bytes.len()) };
     }
+    Ok(())
 }
 
 /// Runs a batch (one call, or a group's calls on one communicator) when its stream reaches it. A failure goes
@@ -294,7 +301,7 @@ unsafe fn run_batch(comm: &Comm, batch: &[Issued]) -> Result<(), (ncclResult_t, 
         {
             let w = width(dtype).unwrap_or(1);
             // SAFETY: the contract: `buf` holds `count` elements.
-            let mut data = unsafe { read(buf, count * w) };
+            let mut data = unsafe { read(buf, count * w) }?;
             data.extend_from_slice(&(count as u64).to_le_bytes());
             data.extend_from_slice(&dtype.to_le_bytes());
             publish(
@@ -336,7 +343,7 @@ unsafe fn run_batch(comm: &Comm, batch: &[Issued]) -> Result<(), (ncclResult_t, 
                     ));
                 }
                 // SAFETY: the contract: `buf` holds `count` elements of this width.
-                unsafe { write(buf, &data) };
+                unsafe { write(buf, &data) }?;
                 publish(&comm.dir, &format!("{name}.ack"), &[]).map_err(missing)?;
             }
             // SAFETY: the contract, passed on.
@@ -378,7 +385,7 @@ unsafe fn collective(comm: &Comm, seq: u64, call: Call) -> Result<(), (ncclResul
         Call::Send { .. } | Call::Recv { .. } => return Ok(()),
     };
     // SAFETY: the contract: the send buffer holds what the call reads.
-    let payload = unsafe { read(send, count * w) };
+    let payload = unsafe { read(send, count * w) }?;
     let sig = call.signature();
     let records: Vec<Vec<u8>> = if n == 1 {
         vec![payload]
@@ -424,7 +431,7 @@ unsafe fn collective(comm: &Comm, seq: u64, call: Call) -> Result<(), (ncclResul
         } => {
             let out = reduce(dtype, op, &inputs).map_err(fail)?;
             // SAFETY: the contract: `recv` holds `count` elements.
-            unsafe { write(recv, &out) };
+            unsafe { write(recv, &out) }?;
         }
         Call::Reduce {
             recv,
@@ -436,16 +443,16 @@ unsafe fn collective(comm: &Comm, seq: u64, call: Call) -> Result<(), (ncclResul
             if me == root {
                 let out = reduce(dtype, op, &inputs).map_err(fail)?;
                 // SAFETY: as above.
-                unsafe { write(recv, &out) };
+                unsafe { write(recv, &out) }?;
             }
         }
         Call::Broadcast { recv, root, .. } => {
             // SAFETY: as above.
-            unsafe { write(recv, inputs[root]) };
+            unsafe { write(recv, inputs[root]) }?;
         }
         Call::AllGather { recv, .. } => {
             // SAFETY: the contract: `recv` holds `n * count` elements.
-            unsafe { write(recv, &inputs.concat()) };
+            unsafe { write(recv, &inputs.concat()) }?;
         }
         Call::ReduceScatter {
             recv,
@@ -461,7 +468,7 @@ unsafe fn collective(comm: &Comm, seq: u64, call: Call) -> Result<(), (ncclResul
                 .collect();
             let out = reduce(dtype, op, &mine).map_err(fail)?;
             // SAFETY: the contract: `recv` holds `count` elements.
-            unsafe { write(recv, &out) };
+            unsafe { write(recv, &out) }?;
         }
         Call::Send { .. } | Call::Recv { .. } => {}
     }

@@ -384,12 +384,12 @@ fn raw_batch(
     let count = buf.len();
     let stream = comm.stream().cu_stream() as sys::cudaStream_t;
     let owner = comm.nccl_comm();
-    let (p, _guard) = buf.write_ptr(comm.stream());
+    let p = buf.address_on(comm.stream());
     let deadline = Instant::now() + owner.timeout;
     owner.with_handle(|h| {
         // SAFETY: `h` is live and serialised by `with_handle`; `stream` is this communicator's stream on the
-        // buffer's device; `p` holds `count` f32s, and `_guard` records the buffer's write event after these
-        // calls, so it is not released or read elsewhere before they complete.
+        // buffer's device; `p` holds `count` f32s, and the buffer, borrowed by the caller until these calls are
+        // enqueued, is not released or used on another stream before they complete (`address_on`).
         unsafe { raw::bare_all_reduces(nccl, h, p, count, stream, calls, deadline) }
             .map_err(|e| owner.error("the raw all-reduce baseline", e))
     })

@@ -5,11 +5,12 @@
 //! two tests) each compile their own kernels, and dropping the `Gpu` drops its cache.
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
-    DevicePtrMut, DeviceRepr, SyncOnDrop,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut,
+    DevicePtrMut, DeviceRepr,
 };
 
 use super::probe::{DeviceRuntime, nvrtc_present};
@@ -276,6 +277,8 @@ impl Gpu {
             gpu: Arc::clone(self),
             slice,
             len,
+            unrecorded: None,
+            used_elsewhere: AtomicBool::new(false),
             _element: PhantomData,
         })
     }
@@ -286,7 +289,7 @@ impl Gpu {
         let stream = self.ctx.default_stream();
         let bytes = as_bytes(data);
         stream
-            .memcpy_htod(bytes, &mut buf.slice.slice_mut(..bytes.len()))
+            .memcpy_htod(bytes, &mut buf.slice_mut().slice_mut(..bytes.len()))
             .map_err(cuda_err(&self.label(), "copying to the device"))?;
         Ok(buf)
     }
@@ -304,13 +307,28 @@ fn unviewable<S>(label: &str, bytes: usize, len: usize) -> CommError {
     }
 }
 
-/// `len` elements of `T` in device memory of one [`Gpu`]. Stream-ordered: cudarc records which streams read and
-/// write it, so using it on another stream (or dropping it) waits for work already enqueued on it.
+/// `len` elements of `T` in device memory of one [`Gpu`]. Stream-ordered: using it on another stream (or dropping
+/// it) waits for work already enqueued on it.
+///
+/// How the ordering is kept, cheaply: cudarc gives every allocation a read and a write event, and each use through
+/// cudarc makes the stream wait on both and records one after (three driver calls). A collective does not need
+/// them while the buffer stays on one stream, which is the common case (a communicator's stream, call after call):
+/// the stream's own order covers it. So a collective takes the address through [`DeviceBuffer::address_on`], which
+/// goes through cudarc's events only when the stream changes, and otherwise remembers the stream as
+/// `unrecorded`: work there that cudarc's events do not cover yet. Any later use through cudarc first records
+/// them on that stream (or orders its own stream after it), and so does the release.
 pub struct DeviceBuffer<T: Element> {
     pub(crate) gpu: Arc<Gpu>,
-    /// At least `len * size_of::<T>()` bytes (one byte for an empty buffer: CUDA cannot allocate zero).
-    pub(crate) slice: CudaSlice<u8>,
+    /// At least `len * size_of::<T>()` bytes (one byte for an empty buffer: CUDA cannot allocate zero). Used
+    /// through cudarc only via [`DeviceBuffer::slice_mut`] and [`DeviceBuffer::slice_after`].
+    slice: CudaSlice<u8>,
     len: usize,
+    /// The stream (and the buffer's address) of work that cudarc's events do not cover yet: a collective got the
+    /// address through [`DeviceBuffer::address_on`]. `None`: cudarc's events cover every use.
+    unrecorded: Option<(Arc<CudaStream>, u64)>,
+    /// Set when cudarc used the buffer on another stream than `unrecorded`'s (a copy reading it, with `&self`),
+    /// after which the next [`DeviceBuffer::address_on`] must not skip cudarc's events: they now hold that use.
+    used_elsewhere: AtomicBool,
     _element: PhantomData<T>,
 }
 
@@ -345,18 +363,62 @@ impl<T: Element> DeviceBuffer<T> {
         &self.gpu
     }
 
-    /// The device address for reading on `stream`: `stream` first waits for earlier writes to the buffer, and
-    /// the guard, when dropped, records a read event on `stream` (so later writers and the buffer's release wait
-    /// for everything enqueued before the drop). Hold it until the work using the address is enqueued.
-    pub(crate) fn read_ptr<'a>(&'a self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
-        self.slice.device_ptr(stream)
+    /// The device address for work enqueued on `stream`, ordered after every earlier use of the buffer, for as long
+    /// as the caller holds the buffer (the work must be enqueued before the buffer is used elsewhere or dropped;
+    /// taking `&mut self` until the caller gives the buffer to the operation's handle ensures it).
+    ///
+    /// Free when the last use was on `stream` too (stream order covers it); otherwise `stream` waits on cudarc's
+    /// events (after they are recorded for the previous stream's unrecorded work).
+    pub(crate) fn address_on(&mut self, stream: &Arc<CudaStream>) -> u64 {
+        let elsewhere = std::mem::take(self.used_elsewhere.get_mut());
+        if let Some((last, addr)) = &self.unrecorded
+            && last.cu_stream() == stream.cu_stream()
+            && !elsewhere
+        {
+            return *addr;
+        }
+        self.record_unrecorded();
+        let (addr, guard) = self.slice.device_ptr_mut(stream);
+        // The guard would record the write event now, before the work; instead the work stays unrecorded until
+        // the next use through cudarc or the release records it (after the work, on the same stream).
+        std::mem::forget(guard);
+        self.unrecorded = Some((Arc::clone(stream), addr));
+        addr
     }
 
-    /// The device address for writing on `stream`: `stream` first waits for earlier reads and writes, and the
-    /// guard, when dropped, records a write event (so later readers wait too). Hold it until the work using the
-    /// address is enqueued.
-    pub(crate) fn write_ptr<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
-        self.slice.device_ptr_mut(stream)
+    /// Records cudarc's events on the stream of the unrecorded work, so that they cover it.
+    fn record_unrecorded(&mut self) {
+        if let Some((stream, _)) = self.unrecorded.take() {
+            // Waits on the old events (in stream order already) and records the write event when the guard drops.
+            drop(self.slice.device_ptr_mut(&stream));
+        }
+    }
+
+    /// The allocation for a use through cudarc that may write it (a kernel launch, a copy into it): cudarc's
+    /// events cover every earlier use once this returns.
+    pub(crate) fn slice_mut(&mut self) -> &mut CudaSlice<u8> {
+        self.record_unrecorded();
+        *self.used_elsewhere.get_mut() = false;
+        &mut self.slice
+    }
+
+    /// The allocation for a use through cudarc on `stream` that only reads it: `stream` is ordered after the
+    /// unrecorded work first (an event of the pool recorded there and waited on).
+    pub(crate) fn slice_after(&self, stream: &CudaStream) -> Result<&CudaSlice<u8>, CommError> {
+        if let Some((last, _)) = &self.unrecorded
+            && last.cu_stream() != stream.cu_stream()
+        {
+            let event = self.gpu.take_event()?;
+            let ordered = event.record(last).and_then(|()| stream.wait(&event));
+            self.gpu.return_event(event);
+            ordered.map_err(cuda_err(
+                &self.gpu.label(),
+                "ordering a stream after a buffer's last use",
+            ))?;
+            // cudarc records this read on `stream`; a later write on `last` must wait for it.
+            self.used_elsewhere.store(true, Ordering::Relaxed);
+        }
+        Ok(&self.slice)
     }
 
     /// Bytes used by the elements.
@@ -381,7 +443,7 @@ impl<T: Element> DeviceBuffer<T> {
         let (bytes, len) = (self.slice.len(), self.len);
         // SAFETY: the slice holds at least `len * T::DTYPE.size()` bytes, which is `len` elements of `S`
         // (same size, checked above); both are plain data, and the view only moves bytes.
-        let mut dst = unsafe { self.slice.transmute_mut::<S>(len) }
+        let mut dst = unsafe { self.slice_mut().transmute_mut::<S>(len) }
             .ok_or_else(|| unviewable::<S>(&label, bytes, len))?;
         stream
             .memcpy_dtod(src, &mut dst)
@@ -402,7 +464,7 @@ impl<T: Element> DeviceBuffer<T> {
         }
         let label = self.gpu.label();
         // SAFETY: as in `copy_from_device`; the view is only read.
-        let src = unsafe { self.slice.transmute::<S>(self.len) }
+        let src = unsafe { self.slice_after(stream)?.transmute::<S>(self.len) }
             .ok_or_else(|| unviewable::<S>(&label, self.slice.len(), self.len))?;
         stream
             .memcpy_dtod(&src, dst)
@@ -430,11 +492,21 @@ impl<T: Element> DeviceBuffer<T> {
         let stream = self.gpu.ctx.default_stream();
         let n = self.byte_len();
         stream
-            .memcpy_dtoh(&self.slice.slice(..n), as_bytes_mut(&mut out))
+            .memcpy_dtoh(
+                &self.slice_after(&stream)?.slice(..n),
+                as_bytes_mut(&mut out),
+            )
             .map_err(cuda_err(&self.gpu.label(), "copying to the host"))?;
         stream
             .synchronize()
             .map_err(cuda_err(&self.gpu.label(), "synchronizing the copy"))?;
         Ok(out)
+    }
+}
+
+impl<T: Element> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        // The allocation is freed in its stream's order after cudarc's events: they must cover the last work.
+        self.record_unrecorded();
     }
 }

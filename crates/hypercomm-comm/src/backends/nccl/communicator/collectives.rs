@@ -1,5 +1,5 @@
 //! The collectives and point-to-point operations of a [`DeviceCommunicator`], and how each is enqueued: the
-//! buffers' cudarc guards held across the NCCL call, an NCCL group for several calls, the handle's event after.
+//! buffers' addresses on the communicator's stream, an NCCL group for several calls, the handle's event after.
 
 use std::sync::Arc;
 
@@ -12,10 +12,9 @@ use crate::element::{Element, ReduceOp};
 impl DeviceCommunicator {
     /// Enqueues `calls` on this communicator's stream, as one NCCL group when there are several.
     ///
-    /// Callers hold the cudarc guards of every buffer named in `calls` (from [`DeviceBuffer::read_ptr`] and
-    /// [`DeviceBuffer::write_ptr`]) until this returns: the guards record the buffers' read and write events when
-    /// they drop, and those events must come after the NCCL work, or a later reader on another stream, or the
-    /// buffer's own release, would not wait for it.
+    /// Every address in `calls` comes from [`DeviceBuffer::address_on`] on this stream, taken while the caller
+    /// holds the buffer, which it hands to the returned handle afterwards: the buffer's release, and any use on
+    /// another stream, wait for this work.
     pub(super) fn enqueue(&self, calls: &[Call]) -> Result<(), CommError> {
         let nccl = self.gpu.runtime().nccl();
         let stream = self.stream.cu_stream() as nccl_sys::sys::cudaStream_t;
@@ -81,24 +80,17 @@ impl DeviceCommunicator {
         })
     }
 
-    /// Runs the calls `make` builds from the address of `buf` (written to when `writes`, read otherwise), with
-    /// the buffer's cudarc guard held across the enqueue, and hands `buf` to the returned handle.
+    /// Runs the calls `make` builds from the address of `buf` and its length, and hands `buf` to the returned
+    /// handle.
     pub(super) fn one_buffer<T: Element, C: AsRef<[Call]>>(
         &self,
         mut buf: DeviceBuffer<T>,
-        writes: bool,
         make: impl FnOnce(u64, usize) -> C,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_device("buffer", &buf)?;
         let count = buf.len();
-        {
-            let (p, _g) = if writes {
-                buf.write_ptr(&self.stream)
-            } else {
-                buf.read_ptr(&self.stream)
-            };
-            self.enqueue(make(p, count).as_ref())?;
-        }
+        let p = buf.address_on(&self.stream);
+        self.enqueue(make(p, count).as_ref())?;
         self.finish(buf, Vec::new())
     }
 
@@ -106,17 +98,15 @@ impl DeviceCommunicator {
     /// guards held across the enqueue, and hands both buffers to the returned handle. The caller checks lengths.
     pub(super) fn two_buffers<T: Element, C: AsRef<[Call]>>(
         &self,
-        input: DeviceBuffer<T>,
+        mut input: DeviceBuffer<T>,
         mut output: DeviceBuffer<T>,
         make: impl FnOnce(u64, u64) -> C,
     ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
         self.check_device("input", &input)?;
         self.check_device("output", &output)?;
-        {
-            let (s, _gs) = input.read_ptr(&self.stream);
-            let (r, _gr) = output.write_ptr(&self.stream);
-            self.enqueue(make(s, r).as_ref())?;
-        }
+        let s = input.address_on(&self.stream);
+        let r = output.address_on(&self.stream);
+        self.enqueue(make(s, r).as_ref())?;
         self.finish((input, output), Vec::new())
     }
 
@@ -126,7 +116,7 @@ impl DeviceCommunicator {
         buf: DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.one_buffer(buf, true, |p, count| {
+        self.one_buffer(buf, |p, count| {
             [Call::AllReduce {
                 send: p,
                 recv: p,
@@ -164,7 +154,7 @@ impl DeviceCommunicator {
         root: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_root(root)?;
-        self.one_buffer(buf, true, |p, count| {
+        self.one_buffer(buf, |p, count| {
             [Call::Broadcast {
                 send: p,
                 recv: p,
@@ -183,7 +173,7 @@ impl DeviceCommunicator {
         root: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_root(root)?;
-        self.one_buffer(buf, true, |p, count| {
+        self.one_buffer(buf, |p, count| {
             [Call::Reduce {
                 send: p,
                 recv: p,
@@ -286,7 +276,7 @@ impl DeviceCommunicator {
         peer: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_peer(peer)?;
-        self.one_buffer(buf, false, |p, count| {
+        self.one_buffer(buf, |p, count| {
             [Call::Send {
                 buf: p,
                 count,
@@ -303,7 +293,7 @@ impl DeviceCommunicator {
         peer: usize,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_peer(peer)?;
-        self.one_buffer(buf, true, |p, count| {
+        self.one_buffer(buf, |p, count| {
             [Call::Recv {
                 buf: p,
                 count,

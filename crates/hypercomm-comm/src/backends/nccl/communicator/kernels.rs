@@ -33,7 +33,7 @@ impl DeviceCommunicator {
         };
         if view.is_contiguous() {
             let offset = (view.offset() * width) as u64;
-            return self.one_buffer(buf, true, |p, _| [reduce(p + offset)]);
+            return self.one_buffer(buf, |p, _| [reduce(p + offset)]);
         }
         let kernels = self.gpu.kernels()?;
         let mut staging = self.gpu.alloc_zeros::<u8>(view.len() * width)?;
@@ -50,7 +50,7 @@ impl DeviceCommunicator {
         let cfg = launch_config(view.len());
         {
             let mut launch = self.stream.launch_builder(pack);
-            launch.arg(&mut staging.slice).arg(&buf.slice);
+            launch.arg(staging.slice_mut()).arg(buf.slice_mut());
             for d in &dims {
                 launch.arg(d);
             }
@@ -62,12 +62,12 @@ impl DeviceCommunicator {
         // Reduce the staging buffer, then unpack; the handle's event comes after the unpack, so waiting on it
         // sees the caller's view updated.
         {
-            let (p, _g) = staging.write_ptr(&self.stream);
+            let p = staging.address_on(&self.stream);
             self.enqueue(&[reduce(p)])?;
         }
         {
             let mut launch = self.stream.launch_builder(unpack);
-            launch.arg(&mut buf.slice).arg(&staging.slice);
+            launch.arg(buf.slice_mut()).arg(staging.slice_mut());
             for d in &dims {
                 launch.arg(d);
             }
@@ -93,7 +93,7 @@ impl DeviceCommunicator {
         let n = buf.len() as u64;
         let cfg = launch_config(buf.len());
         let mut launch = self.stream.launch_builder(f);
-        launch.arg(&mut buf.slice).arg(&n).arg(&a).arg(&b);
+        launch.arg(buf.slice_mut()).arg(&n).arg(&a).arg(&b);
         // SAFETY: hypercomm_fill_<dtype>(data, n, a, b) writes n elements of T; the buffer holds n.
         unsafe { launch.launch(cfg) }.map_err(cuda_err(&self.options.name, "launching fill"))?;
         Ok(())
@@ -116,10 +116,10 @@ impl DeviceCommunicator {
         {
             let mut launch = self.stream.launch_builder(f);
             // The kernel takes two counter pointers; both point into one two-element buffer.
-            let (base, _g) = counters.slice.device_ptr(&self.stream);
+            let (base, _g) = counters.slice_after(&self.stream)?.device_ptr(&self.stream);
             let (mismatches, first_bad) = (base, base + 8);
             launch
-                .arg(&buf.slice)
+                .arg(buf.slice_after(&self.stream)?)
                 .arg(&n)
                 .arg(&a)
                 .arg(&b)
