@@ -7,7 +7,7 @@
 //! In a [`FailureDomain`] the communicator is a member: the first fatal failure of its own is settled through the
 //! domain (recorded, every other member aborted), and another member's failure aborts it.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaEvent;
@@ -70,7 +70,8 @@ impl Backoff {
 pub(crate) struct NcclComm {
     pub(crate) runtime: Arc<super::DeviceRuntime>,
     handle: Mutex<Option<CommHandle>>,
-    broken: Mutex<Option<String>>,
+    /// Why it broke: set once, by the first failure (read without a lock on every call).
+    broken: OnceLock<String>,
     pub(crate) name: String,
     pub(crate) timeout: Duration,
     pub(crate) non_blocking: bool,
@@ -82,7 +83,7 @@ impl std::fmt::Debug for NcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclComm")
             .field("name", &self.name)
-            .field("broken", &*lock(&self.broken))
+            .field("broken", &self.broken.get())
             .finish_non_exhaustive()
     }
 }
@@ -101,7 +102,7 @@ impl NcclComm {
         let comm = NcclComm {
             runtime,
             handle: Mutex::new(Some(handle)),
-            broken: Mutex::new(None),
+            broken: OnceLock::new(),
             name,
             timeout,
             non_blocking,
@@ -147,7 +148,7 @@ impl NcclComm {
 
     /// The first fatal error, if any.
     pub(crate) fn broken(&self) -> Option<String> {
-        lock(&self.broken).clone()
+        self.broken.get().cloned()
     }
 
     fn fail_if_broken(&self) -> Result<(), CommError> {
@@ -259,12 +260,7 @@ impl NcclComm {
 
     /// Marks the communicator broken with `cause`, unless it is broken already; says whether it was not.
     pub(crate) fn mark_broken(&self, cause: String) -> bool {
-        let mut broken = lock(&self.broken);
-        if broken.is_some() {
-            return false;
-        }
-        *broken = Some(cause);
-        true
+        self.broken.set(cause).is_ok()
     }
 
     /// Aborts the communicator (`ncclCommAbort`): its work stops, every later call and pending work fails.
