@@ -31,6 +31,15 @@ use crate::reduce::{ReduceFault, Src, reduce};
 /// The latency path's budget: bytes each rank may read from peers in one all-reduce (see the module docs).
 pub(crate) const LATENCY_READ_LIMIT: usize = 256 * 1024;
 
+/// The bandwidth path's largest piece. A round touches the piece in the caller's buffer, this rank's publication
+/// and the peers' (each about a piece), so with the default 1 MiB slot (pieces of 2/3 MiB at two ranks) the round
+/// no longer fits a 1 MiB L2 and the copies run at memory speed. Measured on the 2-core development machine
+/// (2026-11-23, `hypercomm bench --backend host -n 2 --op all_reduce --sizes 512KiB:16MiB --runs 3`, eight
+/// rounds alternating caps of 128, 256 and 384 KiB with none, medians of the rounds): 256 KiB was fastest from
+/// 1 MiB up, 8.73 / 8.59 / 8.63 / 6.51 / 4.71 GB/s busbw at 1 / 2 / 4 / 8 / 16 MiB against 8.26 / 7.77 / 7.87 /
+/// 5.51 / 4.19 without a cap, and faster than no cap in 5 to 7 of the 8 rounds at each size.
+pub(crate) const PIPELINE_PIECE_BYTES: usize = 256 * 1024;
+
 /// Elements `[i * len / n, (i + 1) * len / n)`: the `i`-th of `n` nearly equal parts of `len`.
 pub(crate) fn part(len: usize, n: usize, i: usize) -> Range<usize> {
     (i * len / n)..((i + 1) * len / n)
@@ -168,10 +177,10 @@ fn all_reduce_bandwidth(
     let comm = cx.comm.to_owned();
     // A publication holds this rank's reduced chunk of the previous piece plus the current piece without its own
     // chunk (which only this rank reduces): at most piece + 1 elements. Pieces stay at n/(n+1) of the slot, as
-    // when whole pieces were published: filling the slot measured 10-30% slower (the round's working set no
-    // longer fits in a 1 MiB L2), so the saving is in bytes copied, not in rounds.
+    // when whole pieces were published (filling the slot measured 10-30% slower), and at most
+    // PIPELINE_PIECE_BYTES, so that a round's working set stays in the core's cache (see the constant).
     let room = cx.elems_per_round(s).saturating_sub(1);
-    let piece = (room * n / (n + 1)).max(1);
+    let piece = (room * n / (n + 1)).min(PIPELINE_PIECE_BYTES / s).max(1);
     let ps = pieces(buf.len() / s, piece);
     // Chunk `i` of a piece, in elements from the piece's start.
     let chunk = |c: &Range<usize>, i: usize| part(c.len(), n, i);
