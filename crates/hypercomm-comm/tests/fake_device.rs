@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use hypercomm_comm::bench::BenchOp;
 use hypercomm_comm::device::bench::{DeviceBenchConfig, run as run_bench};
-use hypercomm_comm::device::{DeviceCommunicator, Gpu, Placed, ProcessGroup, StridedLayout};
+use hypercomm_comm::device::{
+    DeviceBuffer, DeviceCommunicator, Gpu, Placed, ProcessGroup, StridedLayout,
+};
 use hypercomm_comm::{CommError, CommOptions, NcclOptions, ReduceOp};
 use hypercomm_store::MemoryStore;
 
@@ -524,29 +526,25 @@ fn fake_operations_on_one_stream_are_counted() {
         gpu.upload(&[3.0f32]).unwrap(),
         gpu.alloc_zeros::<f32>(1).unwrap(),
     );
-    // The first use of each buffer on the stream orders it after its upload (through cudarc's events).
-    buf = comm
-        .all_reduce(buf, ReduceOp::Sum)
-        .unwrap()
-        .wait(comm.stream())
-        .unwrap();
-    pair = comm
-        .all_gather_into(pair.0, pair.1)
-        .unwrap()
-        .wait(comm.stream())
-        .unwrap();
-    eprintln!("fake-test: counting");
-    for _ in 0..COUNTED_OPS {
-        buf = comm
+    // One in-place and one out-of-place operation, each waited on the communicator's stream.
+    let step = |buf: DeviceBuffer<f32>, pair: (DeviceBuffer<f32>, DeviceBuffer<f32>)| {
+        let buf = comm
             .all_reduce(buf, ReduceOp::Sum)
             .unwrap()
             .wait(comm.stream())
             .unwrap();
-        pair = comm
+        let pair = comm
             .all_gather_into(pair.0, pair.1)
             .unwrap()
             .wait(comm.stream())
             .unwrap();
+        (buf, pair)
+    };
+    // The first use of each buffer on the stream orders it after its upload (through cudarc's events).
+    (buf, pair) = step(buf, pair);
+    eprintln!("fake-test: counting");
+    for _ in 0..COUNTED_OPS {
+        (buf, pair) = step(buf, pair);
     }
     eprintln!("fake-test: counted");
     assert_eq!(buf.download().unwrap(), [1.0, 2.0]);
