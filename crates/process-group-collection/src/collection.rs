@@ -12,6 +12,7 @@ use hypercomm_grid::Membership;
 use hypercomm_grid::layout::GroupKind;
 use hypercomm_store::{Key, PrefixStore, Store};
 
+use crate::closing::needs_barrier;
 use crate::plan::Topology;
 use crate::{CollectionError, GroupId};
 
@@ -320,19 +321,25 @@ impl ProcessGroupCollection {
         Ok(entry.group.get_or_init(|| pg))
     }
 
-    /// A barrier on every host communicator created, in slot order, each on this thread
-    /// ([`Communicator::barrier_now`]): a communicator nobody has used yet starts no progress thread for it.
+    /// The closing barriers of an eager build, in slot order, each on this thread ([`Communicator::barrier_now`]:
+    /// a communicator nobody has used yet starts no progress thread for it): one on every host communicator
+    /// created, except those another one covers (see [`crate::closing`]).
     pub(crate) fn barrier_all(&self) -> Result<(), CollectionError> {
-        for entry in &self.entries {
-            if let Some(pg) = entry.group.get() {
-                pg.host()
-                    .barrier_now()
-                    .map_err(|source| CollectionError::Comm {
-                        collection: self.name.clone(),
-                        group: entry.id.clone(),
-                        source: Box::new(source),
-                    })?;
+        let created: Vec<(&Entry, &Communicator)> = self
+            .entries
+            .iter()
+            .filter_map(|e| Some((e, e.group.get()?.host())))
+            .collect();
+        let members: Vec<&[usize]> = created.iter().map(|(_, c)| c.ranks()).collect();
+        for ((entry, comm), needed) in created.iter().zip(needs_barrier(&members)) {
+            if !needed {
+                continue;
             }
+            comm.barrier_now().map_err(|source| CollectionError::Comm {
+                collection: self.name.clone(),
+                group: entry.id.clone(),
+                source: Box::new(source),
+            })?;
         }
         Ok(())
     }

@@ -28,6 +28,7 @@
 #[doc(hidden)]
 pub mod bench;
 mod builder;
+mod closing;
 mod collection;
 pub mod cost;
 mod error;
