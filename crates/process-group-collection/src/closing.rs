@@ -17,8 +17,9 @@
 /// slot order (twins such as `dp_cp` and `dp_cp_ag` share one barrier).
 ///
 /// `hypercomm bench --collection --processes --repeats 10` (layout tp 2, cp 2, pp 2, ep 2; 22 communicators per
-/// rank), the 22 barriers against none, alternated: quiet 29.2-31.6 against 22.0-27.8 ms per rank, and beside a
-/// busy loop per core 77.6-79.4 against 52.1-52.8 ms.
+/// rank; 2026-11-23), alternated: all 22 barriers against none, quiet 29.2-31.6 against 22.0-27.8 ms per rank and
+/// beside a busy loop per core 77.6-79.4 against 52.1-52.8 ms; then all 22 against the 2 this leaves, beside a
+/// busy loop per core 76.4-87.0 against 49.4-52.6 ms (quiet 23.0-29.5 against 21.2-26.8).
 ///
 /// ```text
 /// [0, 1], [0, 1, 2, 3], [0, 1, 2, 3], [1, 5]  ->  false, true, false, true
