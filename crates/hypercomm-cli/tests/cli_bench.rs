@@ -51,6 +51,20 @@ fn host_bench_prints_a_row_per_size_and_writes_json_and_a_plot() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(doc["backend"], "host");
+    // Where the figures came from: the command line, when, and the machine's load.
+    let measured = &doc["measured"];
+    let command: Vec<&str> = measured["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(&command[1..5], ["bench", "-n", "2", "--op"], "{measured}");
+    assert!(
+        measured["started_utc"].as_str().unwrap().ends_with('Z'),
+        "{measured}"
+    );
+    assert!(measured["load_average_after"].is_number(), "{measured}");
     let results = doc["results"].as_array().unwrap();
     assert_eq!(results.len(), 3);
     assert_eq!(results[2]["bytes"], 256);
@@ -224,6 +238,7 @@ fn collection_bench_builds_nccl_communicators_on_the_fake_driver() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = doc["collection"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{doc}");
+    assert_eq!(doc["measured"]["command"][2], "--collection", "{doc}");
     for row in rows {
         assert_eq!(row["backend"], "nccl", "{doc}");
         assert!(

@@ -6,6 +6,7 @@ use std::time::Duration;
 use hypercomm_comm::CommOptions;
 use hypercomm_comm::bench::{self, BenchConfig, BenchOp, BenchResult};
 
+use super::provenance::Provenance;
 use crate::error::CliError;
 
 /// Which backend `hypercomm bench` measures.
@@ -191,6 +192,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     if args.runs == 0 {
         return Err(CliError::Usage("--runs must be at least 1".into()));
     }
+    let provenance = Provenance::start();
     let load_before = super::bench_runs::load_average();
     let mut all_runs = Vec::with_capacity(args.runs);
     for run in 0..args.runs {
@@ -222,7 +224,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let results = summary.median_results();
     if let Some(path) = &args.json {
         let runs = (args.runs > 1).then(|| summary.json(load_before, load_after));
-        write_json(path, "host", &results, None, runs)?;
+        write_json(path, "host", &results, &provenance, None, runs)?;
     }
     if let Some(path) = &args.plot {
         plot(path, &results)?;
@@ -309,6 +311,7 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
         op.bus_factor(ranks)
     );
     print_table_header();
+    let provenance = Provenance::start();
     let bar = size_bar(sizes.len());
     let report = device_bench::run(runtime, &config, &|r| {
         bar.suspend(|| println!("{}", row(r)));
@@ -346,7 +349,7 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
                 "blocking": args.blocking,
             })
         });
-        write_json(path, "nccl", &report.results, overhead, None)?;
+        write_json(path, "nccl", &report.results, &provenance, overhead, None)?;
     }
     if let Some(path) = &args.plot {
         plot(path, &report.results)?;
@@ -358,6 +361,7 @@ fn write_json(
     path: &Path,
     backend: &str,
     results: &[BenchResult],
+    provenance: &Provenance,
     overhead: Option<serde_json::Value>,
     runs: Option<serde_json::Value>,
 ) -> Result<(), CliError> {
@@ -370,7 +374,11 @@ fn write_json(
             })
         })
         .collect();
-    let mut doc = serde_json::json!({ "backend": backend, "results": rows });
+    let mut doc = serde_json::json!({
+        "backend": backend,
+        "measured": provenance.json(),
+        "results": rows,
+    });
     if let Some(o) = overhead {
         doc["overhead"] = o;
     }

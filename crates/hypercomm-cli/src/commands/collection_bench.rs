@@ -56,6 +56,7 @@ pub fn run(settings: &Settings<'_>) -> Result<(), CliError> {
     if settings.worker {
         return run_worker(settings.repeats);
     }
+    let provenance = super::provenance::Provenance::start();
     let layout = full_layout_8();
     let gpus = if nccl {
         Some(collection_gpus(RANKS)?)
@@ -116,7 +117,8 @@ pub fn run(settings: &Settings<'_>) -> Result<(), CliError> {
         }));
     }
     if let Some(path) = settings.json {
-        let text = serde_json::to_string_pretty(&serde_json::json!({ "collection": results }))
+        let doc = serde_json::json!({ "measured": provenance.json(), "collection": results });
+        let text = serde_json::to_string_pretty(&doc)
             .map_err(|e| CliError::Failed(format!("cannot encode JSON: {e}")))?;
         std::fs::write(path, text + "\n")
             .map_err(|e| CliError::Failed(format!("cannot write {}: {e}", path.display())))?;

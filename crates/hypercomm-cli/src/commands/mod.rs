@@ -8,5 +8,6 @@ pub mod grid;
 pub mod launch;
 pub mod layout;
 pub mod plan;
+pub mod provenance;
 pub mod sizes;
 pub mod store;
