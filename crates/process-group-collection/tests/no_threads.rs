@@ -71,7 +71,14 @@ fn built_collections_hold_no_progress_thread_until_a_group_is_used() {
             .barrier()
             .and_then(hypercomm_comm::Work::wait)
             .map_err(|e| e.to_string())?;
-        let used = threads_named("hypercomm-quiet");
+        // A thread takes its name when it first runs, which may come after the barrier returned (the barrier runs
+        // on this thread): look until it shows, for a while.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut used = threads_named("hypercomm-quiet");
+        while used == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+            used = threads_named("hypercomm-quiet");
+        }
         let groups = (keyed.groups().count(), split.groups().count());
         Ok((idle, used, groups))
     });
