@@ -50,7 +50,9 @@ impl DeviceCommunicator {
         let cfg = launch_config(view.len());
         {
             let mut launch = self.stream.launch_builder(pack);
-            launch.arg(staging.slice_mut()).arg(buf.slice_mut());
+            launch
+                .arg(staging.slice_mut())
+                .arg(buf.slice_after(&self.stream)?);
             for d in &dims {
                 launch.arg(d);
             }
@@ -67,7 +69,9 @@ impl DeviceCommunicator {
         }
         {
             let mut launch = self.stream.launch_builder(unpack);
-            launch.arg(buf.slice_mut()).arg(staging.slice_mut());
+            launch
+                .arg(buf.slice_mut())
+                .arg(staging.slice_after(&self.stream)?);
             for d in &dims {
                 launch.arg(d);
             }
