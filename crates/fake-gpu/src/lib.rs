@@ -18,9 +18,10 @@
 //! (`docs/gpu-validation.md`).
 //!
 //! Knobs ([`knobs`]), read from the environment of the process that loads it: `FAKE_GPU_DEVICES`,
-//! `FAKE_GPU_HANG_SECS`, `FAKE_GPU_STREAM_DELAY_MS`, `FAKE_GPU_TRACE_CALLS`, `FAKE_NCCL_VERSION`, `FAKE_NCCL_INIT_POLLS`, `FAKE_NCCL_OP_POLLS`,
-//! `FAKE_NCCL_FAIL_AFTER`, `FAKE_NCCL_FAIL_RANK`, `FAKE_NCCL_TIMEOUT_SECS`, `FAKE_NCCL_DIR`, and NCCL's own
-//! `NCCL_MULTI_RANK_GPU_ENABLE` and `NCCL_RUNTIME_CONNECT`. Each communicator's config is logged to stderr as
+//! `FAKE_GPU_HANG_SECS`, `FAKE_GPU_STREAM_DELAY_MS`, `FAKE_GPU_TRACE_CALLS`, `FAKE_NCCL_VERSION`,
+//! `FAKE_NCCL_INIT_POLLS`, `FAKE_NCCL_OP_POLLS`, `FAKE_NCCL_FAIL_AFTER`, `FAKE_NCCL_FAIL_RANK`,
+//! `FAKE_NCCL_TIMEOUT_SECS`, `FAKE_NCCL_DIR`, and NCCL's own `NCCL_MULTI_RANK_GPU_ENABLE` and
+//! `NCCL_RUNTIME_CONNECT`. Each communicator's config is logged to stderr as
 //! `fake-nccl: <call>: <fields>`.
 
 pub(crate) mod cuda;
