@@ -193,7 +193,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         return Err(CliError::Usage("--runs must be at least 1".into()));
     }
     let provenance = Provenance::start();
-    let load_before = super::bench_runs::load_average();
+    let load_before = provenance.load_before();
     let mut all_runs = Vec::with_capacity(args.runs);
     for run in 0..args.runs {
         if args.runs > 1 {

@@ -23,6 +23,11 @@ impl Provenance {
         }
     }
 
+    /// The load average when it started.
+    pub fn load_before(&self) -> Option<f64> {
+        self.load_before
+    }
+
     /// `{"command", "started_utc", "unix_time_s", "load_average_before", "load_average_after"}`, the load after read
     /// now. A load average this machine cannot tell is `null`.
     pub fn json(&self) -> serde_json::Value {
