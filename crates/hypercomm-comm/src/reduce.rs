@@ -1,9 +1,10 @@
 //! Local reductions: combine the contributions of several ranks into one buffer.
 //!
-//! Every reduction walks the output in blocks that stay in L1 cache. For each block it loads the first rank's
-//! values into an accumulator, combines the other ranks' values in rank order, and stores the result. Rank order
-//! is fixed, so every rank that reduces the same inputs gets bit-identical results. `f16` and `bf16` accumulate in
-//! `f32` and round once when stored. The inner loops are plain zipped iterations that the compiler vectorises.
+//! Every reduction is a left fold over the ranks' values in rank order: `op(op(op(r0, r1), r2), ...)`, element by
+//! element. Rank order is fixed, so every rank that reduces the same inputs gets bit-identical results. One or
+//! two contributions (every two-rank step) take a single pass that reads both and writes the result; more go
+//! through an accumulator block that stays in L1, the last contribution combined on the way out. `f16` and `bf16`
+//! accumulate in `f32` and round once when stored. The inner loops are plain zipped iterations that the compiler vectorises.
 
 use crate::element::{DType, Element, ReduceOp, typed, typed_mut};
 
@@ -145,14 +146,127 @@ impl Kernel for half::bf16 {
     }
 }
 
+/// A source of values in the pass that writes `out`.
+#[derive(Clone, Copy)]
+enum Left<'a, T: Kernel> {
+    /// Accumulated values of the ranks before the last one.
+    Acc(&'a [T::A]),
+    /// A rank's values held elsewhere.
+    View(&'a [T]),
+    /// The output's own current values.
+    Out,
+}
+
+/// The pass that writes `out`: `out[j] = narrow(finish(op(left[j], right[j])))`, where `right: None` is the
+/// output's own values. Reading and writing `out[j]` in the same step is how in-place sources stay a single pass.
 #[inline(always)]
-fn combine<T: Kernel>(op: ReduceOp, acc: &mut [T::A], src: &[T]) {
-    let pairs = acc.iter_mut().zip(src);
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => pairs.for_each(|(a, s)| *a = a.add(s.widen())),
-        ReduceOp::Prod => pairs.for_each(|(a, s)| *a = a.mul(s.widen())),
-        ReduceOp::Min => pairs.for_each(|(a, s)| *a = a.min(s.widen())),
-        ReduceOp::Max => pairs.for_each(|(a, s)| *a = a.max(s.widen())),
+fn final_pass<T: Kernel>(
+    left: Left<'_, T>,
+    right: Option<&[T]>,
+    out: &mut [T],
+    op: impl Fn(T::A, T::A) -> T::A + Copy,
+    finish: impl Fn(T::A) -> T::A + Copy,
+) {
+    let f = |a: T::A, b: T::A| T::narrow(finish(op(a, b)));
+    match (left, right) {
+        (Left::Acc(acc), Some(r)) => out
+            .iter_mut()
+            .zip(acc.iter().zip(r))
+            .for_each(|(o, (a, b))| *o = f(*a, b.widen())),
+        (Left::Acc(acc), None) => out
+            .iter_mut()
+            .zip(acc)
+            .for_each(|(o, a)| *o = f(*a, o.widen())),
+        (Left::View(l), Some(r)) => out
+            .iter_mut()
+            .zip(l.iter().zip(r))
+            .for_each(|(o, (a, b))| *o = f(a.widen(), b.widen())),
+        (Left::View(l), None) => out
+            .iter_mut()
+            .zip(l)
+            .for_each(|(o, a)| *o = f(a.widen(), o.widen())),
+        (Left::Out, Some(r)) => out
+            .iter_mut()
+            .zip(r)
+            .for_each(|(o, b)| *o = f(o.widen(), b.widen())),
+        // Only this rank's source is the output, so it appears once; two `Out`s would combine it with itself.
+        (Left::Out, None) => out.iter_mut().for_each(|o| *o = f(o.widen(), o.widen())),
+    }
+}
+
+/// Combines `views` (rank order; `None` is the output's own values) into `out` with `op`, then `finish`.
+///
+/// One or two sources take a single streaming pass. More go block by block through an accumulator that stays in
+/// L1: the first two combined into it, the middle ones folded in, the last one combined on the way out. The
+/// operations and their order are those of a left fold over the ranks whatever the count.
+#[inline(always)]
+fn fold<T: Kernel>(
+    views: &[Option<&[T]>],
+    out: &mut [T],
+    op: impl Fn(T::A, T::A) -> T::A + Copy,
+    finish: impl Fn(T::A) -> T::A + Copy,
+) {
+    match views {
+        [] => {}
+        [Some(v)] => out
+            .iter_mut()
+            .zip(*v)
+            .for_each(|(o, s)| *o = T::narrow(finish(s.widen()))),
+        [None] => out
+            .iter_mut()
+            .for_each(|o| *o = T::narrow(finish(o.widen()))),
+        [first, second] => {
+            let left = first.map_or(Left::Out, Left::View);
+            final_pass::<T>(left, *second, out, op, finish);
+        }
+        [first, second, middle @ .., last] => {
+            let mut acc = [T::A::default(); BLOCK];
+            let mut start = 0;
+            while start < out.len() {
+                let end = (start + BLOCK).min(out.len());
+                let acc = &mut acc[..end - start];
+                let block = &mut out[start..end];
+                let a = first.map(|v| &v[start..end]);
+                let b = second.map(|v| &v[start..end]);
+                match (a, b) {
+                    (Some(a), Some(b)) => acc
+                        .iter_mut()
+                        .zip(a.iter().zip(b))
+                        .for_each(|(x, (p, q))| *x = op(p.widen(), q.widen())),
+                    (Some(a), None) => acc
+                        .iter_mut()
+                        .zip(a.iter().zip(block.iter()))
+                        .for_each(|(x, (p, q))| *x = op(p.widen(), q.widen())),
+                    (None, Some(b)) => acc
+                        .iter_mut()
+                        .zip(block.iter().zip(b))
+                        .for_each(|(x, (p, q))| *x = op(p.widen(), q.widen())),
+                    // As in `final_pass`: a second `Out` cannot occur; combining the output with itself keeps
+                    // the pass total.
+                    (None, None) => acc
+                        .iter_mut()
+                        .zip(block.iter())
+                        .for_each(|(x, p)| *x = op(p.widen(), p.widen())),
+                }
+                for m in middle {
+                    let src: &[T] = match m {
+                        Some(v) => &v[start..end],
+                        None => block,
+                    };
+                    acc.iter_mut()
+                        .zip(src)
+                        .for_each(|(x, s)| *x = op(*x, s.widen()));
+                }
+                final_pass::<T>(
+                    Left::Acc(acc),
+                    last.map(|v| &v[start..end]),
+                    block,
+                    op,
+                    finish,
+                );
+                start = end;
+            }
+        }
     }
 }
 
@@ -170,32 +284,14 @@ fn reduce_typed<T: Kernel>(
             Src::Out => None,
         });
     }
-    let mut acc = [T::A::default(); BLOCK];
-    let mut start = 0;
-    while start < out.len() {
-        let end = (start + BLOCK).min(out.len());
-        let acc = &mut acc[..end - start];
-        for (i, view) in views.iter().enumerate() {
-            let src = match view {
-                Some(v) => &v[start..end],
-                None => &out[start..end],
-            };
-            if i == 0 {
-                acc.iter_mut().zip(src).for_each(|(a, s)| *a = s.widen());
-            } else {
-                combine::<T>(op, acc, src);
-            }
-        }
-        if op == ReduceOp::Avg {
-            acc.iter_mut().for_each(|a| *a = a.div_ranks(ranks));
-        }
-        if !views.is_empty() {
-            out[start..end]
-                .iter_mut()
-                .zip(acc.iter())
-                .for_each(|(o, a)| *o = T::narrow(*a));
-        }
-        start = end;
+    // The operator is chosen once, outside the loops, so that each loop is compiled (and vectorised) for it.
+    let keep = |a| a;
+    match op {
+        ReduceOp::Sum => fold::<T>(&views, out, |a, b| a.add(b), keep),
+        ReduceOp::Avg => fold::<T>(&views, out, |a, b| a.add(b), |a| a.div_ranks(ranks)),
+        ReduceOp::Prod => fold::<T>(&views, out, |a, b| a.mul(b), keep),
+        ReduceOp::Min => fold::<T>(&views, out, |a, b| a.min(b), keep),
+        ReduceOp::Max => fold::<T>(&views, out, |a, b| a.max(b), keep),
     }
     Ok(())
 }
@@ -266,6 +362,89 @@ mod tests {
         for own in 1..4 {
             assert_eq!(run(ReduceOp::Sum, &inputs, own), first);
         }
+    }
+
+    /// The definition: a left fold in rank order, element by element, in the accumulator type.
+    fn reference<T: Kernel>(op: ReduceOp, inputs: &[Vec<T>]) -> Vec<T> {
+        (0..inputs[0].len())
+            .map(|j| {
+                let mut acc = inputs[0][j].widen();
+                for v in &inputs[1..] {
+                    let x = v[j].widen();
+                    acc = match op {
+                        ReduceOp::Sum | ReduceOp::Avg => acc.add(x),
+                        ReduceOp::Prod => acc.mul(x),
+                        ReduceOp::Min => acc.min(x),
+                        ReduceOp::Max => acc.max(x),
+                    };
+                }
+                if op == ReduceOp::Avg {
+                    acc = acc.div_ranks(inputs.len());
+                }
+                T::narrow(acc)
+            })
+            .collect()
+    }
+
+    /// Every operation, 1 to 5 ranks, every rank as the one reducing in place, lengths around the block size:
+    /// bit-identical to the fold, so that the single-pass and accumulator paths agree with each other too.
+    fn check_against_reference<T: Kernel + PartialEq + std::fmt::Debug>(
+        value: impl Fn(usize, usize) -> T,
+    ) {
+        let ops = [
+            ReduceOp::Sum,
+            ReduceOp::Avg,
+            ReduceOp::Prod,
+            ReduceOp::Min,
+            ReduceOp::Max,
+        ];
+        for n in 1..=5 {
+            for len in [0, 1, 7, BLOCK, 2 * BLOCK + 517] {
+                let inputs: Vec<Vec<T>> = (0..n)
+                    .map(|r| (0..len).map(|j| value(r, j)).collect())
+                    .collect();
+                for op in ops {
+                    let want = reference(op, &inputs);
+                    for own in 0..n {
+                        let got = run(op, &inputs, own);
+                        // Compare bit patterns: NaN never equals itself, and -0.0 equals 0.0.
+                        assert_eq!(
+                            as_bytes(&got),
+                            as_bytes(&want),
+                            "{op:?} n={n} len={len} own={own} ({})",
+                            std::any::type_name::<T>()
+                        );
+                    }
+                    // Out of place: every source held elsewhere.
+                    let srcs: Vec<Src<'_>> =
+                        inputs.iter().map(|v| Src::Bytes(as_bytes(v))).collect();
+                    let mut out = vec![T::default(); len];
+                    reduce(T::DTYPE, op, &srcs, as_bytes_mut(&mut out), n).unwrap();
+                    assert_eq!(
+                        as_bytes(&out),
+                        as_bytes(&want),
+                        "{op:?} n={n} len={len} out of place"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_path_equals_the_rank_order_fold() {
+        // Values whose sums and products round differently in different orders.
+        check_against_reference::<f32>(|r, j| {
+            ((j * 7 + r * 13) % 17) as f32 * 0.1 + 1e-7 * (r + 1) as f32
+        });
+        check_against_reference::<f64>(|r, j| 1.0 / ((j % 29 + r * 3 + 1) as f64));
+        check_against_reference::<half::f16>(|r, j| {
+            half::f16::from_f32(((j + 3 * r) % 11) as f32 * 0.37)
+        });
+        check_against_reference::<half::bf16>(|r, j| {
+            half::bf16::from_f32(((j * 5 + r) % 13) as f32 - 6.5)
+        });
+        check_against_reference::<i32>(|r, j| (j as i32 * 7919 - r as i32 * 104_729) % 1_000_003);
+        check_against_reference::<u8>(|r, j| (j * 31 + r * 7) as u8);
     }
 
     #[test]
