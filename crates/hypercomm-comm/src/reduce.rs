@@ -4,7 +4,8 @@
 //! element. Rank order is fixed, so every rank that reduces the same inputs gets bit-identical results. One or
 //! two contributions (every two-rank step) take a single pass that reads both and writes the result; more go
 //! through an accumulator block that stays in L1, the last contribution combined on the way out. `f16` and `bf16`
-//! accumulate in `f32` and round once when stored. The inner loops are plain zipped iterations that the compiler vectorises.
+//! accumulate in `f32` and round once when stored. The inner loops are plain zipped iterations that the compiler
+//! vectorises.
 
 use crate::element::{DType, Element, ReduceOp, typed, typed_mut};
 
