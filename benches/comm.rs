@@ -6,7 +6,7 @@
 mod support;
 
 use hypercomm::comm::CommOptions;
-use hypercomm::comm::bench::{BenchConfig, BenchOp, run};
+use hypercomm::comm::bench::{BenchConfig, BenchOp, Placement, run};
 
 fn main() {
     let smoke = support::smoke_run();
@@ -26,6 +26,7 @@ fn main() {
             sizes: sizes.clone(),
             options: CommOptions::named(format!("bench-{}", op.name())),
             max_iters: if smoke { 5 } else { 500 },
+            placement: Placement::OneCpuEach,
         };
         let results = match run(&config, &|_| {}) {
             Ok(r) => r,

@@ -79,6 +79,48 @@ fn host_bench_prints_a_row_per_size_and_writes_json_and_a_plot() {
         "the host bench has no raw-call baseline"
     );
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    // Two ranks are bound to two CPUs where the machine has them, and the JSON says which.
+    let placement = &doc["placement"];
+    assert_eq!(placement["requested"], "one-cpu-each", "{placement}");
+    let bound = placement["bound"].as_bool().unwrap();
+    assert!(
+        stdout.contains(if bound {
+            "# placement: rank i bound to CPU ["
+        } else {
+            "# placement: threads float"
+        }),
+        "{stdout}"
+    );
+    if bound {
+        let cpus = placement["cpus"].as_array().unwrap();
+        assert_eq!(cpus.len(), 2, "{placement}");
+        assert_ne!(cpus[0], cpus[1], "{placement}");
+    }
+}
+
+#[test]
+fn unpinned_host_bench_lets_the_threads_float_and_says_so() {
+    let json = scratch("unpinned.json");
+    let out = hypercomm(&[
+        "bench",
+        "--sizes",
+        "8B",
+        "--iters",
+        "5",
+        "--unpinned",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("# placement: threads float (--unpinned)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["placement"]["bound"], false);
+    assert_eq!(doc["placement"]["requested"], "free");
 }
 
 #[test]

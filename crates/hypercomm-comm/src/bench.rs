@@ -2,6 +2,12 @@
 //!
 //! Ranks run as threads of this process, each with its own communicator over a shared in-memory store; on the
 //! host backend they still talk through the shared-memory (or TCP) transport exactly as processes would.
+//! By default ([`Placement::OneCpuEach`]) rank `i` is bound to the `i`-th CPU the process may use, as MPI and
+//! nccl-tests runs bind ranks to cores: left to the scheduler, the two threads of a 2-rank run on a 2-core
+//! machine sometimes share one core for a whole run (most likely the scheduler waking a thread on its waker's
+//! core: two threads that take turns never look busy enough to be split again). Such a run measures the
+//! scheduler, not the collective: on the development machine it shows the same figures as a run confined to one
+//! core with `taskset -c 0` (small all-reduce 25-30 µs instead of 2 µs, 16 MiB at half the bandwidth).
 //! `bytes` is the whole buffer as nccl-tests counts it: the all-reduce/broadcast/reduce buffer, the all-gather
 //! output, the reduce-scatter input, the all-to-all buffer. `algbw = bytes / time`; `busbw = algbw * factor`
 //! with nccl-tests' factors (see [`BenchOp::bus_factor`]).
@@ -162,6 +168,53 @@ impl BenchResult {
     }
 }
 
+/// Where the rank threads of a benchmark run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// Rank `i` is bound to the `i`-th CPU this process may run on, when there are at least as many CPUs as
+    /// ranks; with more ranks than CPUs the threads float (see [`rank_cpus`]).
+    #[default]
+    OneCpuEach,
+    /// The scheduler places the threads and may move them.
+    Free,
+}
+
+/// The CPU each rank thread is bound to under `placement`: `Some(cpus)`, rank `i` on `cpus[i]`, or `None` when
+/// the threads float ([`Placement::Free`], more ranks than CPUs this process may use, or an affinity mask that
+/// cannot be read).
+///
+/// ```
+/// use hypercomm_comm::bench::{Placement, rank_cpus};
+///
+/// assert_eq!(rank_cpus(Placement::Free, 2), None);
+/// if let Some(cpus) = rank_cpus(Placement::OneCpuEach, 1) {
+///     assert_eq!(cpus.len(), 1);
+/// }
+/// ```
+pub fn rank_cpus(placement: Placement, ranks: usize) -> Option<Vec<usize>> {
+    if placement == Placement::Free {
+        return None;
+    }
+    let allowed = rustix::thread::sched_getaffinity(None).ok()?;
+    let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&c| allowed.is_set(c))
+        .take(ranks)
+        .collect();
+    (cpus.len() == ranks).then_some(cpus)
+}
+
+/// Binds the calling thread to `cpu`.
+fn bind_to(cpu: usize, comm: &str, rank: usize) -> Result<(), CommError> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set).map_err(|e| CommError::InvalidArgument {
+        comm: comm.to_owned(),
+        what: format!(
+            "cannot bind rank {rank}'s thread to CPU {cpu}: {e} (Placement::Free skips binding)"
+        ),
+    })
+}
+
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
@@ -175,6 +228,8 @@ pub struct BenchConfig {
     pub options: CommOptions,
     /// Timed iterations for the smallest sizes; larger sizes use fewer, down to 5, keeping each size short.
     pub max_iters: usize,
+    /// Where the rank threads run.
+    pub placement: Placement,
 }
 
 /// Timed iterations for a size: enough to move about 256 MiB, between 5 and `max`.
@@ -189,11 +244,16 @@ pub fn run(
 ) -> Result<Vec<BenchResult>, CommError> {
     let n = config.ranks;
     let store = Arc::new(MemoryStore::new());
+    let cpus = rank_cpus(config.placement, n);
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..n)
             .map(|me| {
                 let store = Arc::clone(&store);
+                let cpu = cpus.as_ref().map(|c| c[me]);
                 scope.spawn(move || -> Result<Vec<BenchResult>, CommError> {
+                    if let Some(cpu) = cpu {
+                        bind_to(cpu, &config.options.name, me)?;
+                    }
                     let comm = Communicator::world(
                         BackendKind::Host,
                         store,
@@ -322,6 +382,43 @@ mod tests {
         );
     }
 
+    fn affinity() -> Vec<usize> {
+        let set = rustix::thread::sched_getaffinity(None).expect("read the affinity mask");
+        (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| set.is_set(c))
+            .collect()
+    }
+
+    #[test]
+    fn ranks_get_distinct_allowed_cpus_or_float_when_there_are_too_few() {
+        let allowed = affinity();
+        let cpus = rank_cpus(Placement::OneCpuEach, allowed.len()).expect("one CPU per rank");
+        assert_eq!(cpus, allowed);
+        assert_eq!(rank_cpus(Placement::OneCpuEach, allowed.len() + 1), None);
+        assert_eq!(rank_cpus(Placement::Free, 1), None);
+    }
+
+    #[test]
+    fn rank_threads_run_bound_to_their_cpu_unless_free() {
+        let allowed = affinity();
+        // `progress` runs on rank 0's thread, so it sees that thread's mask.
+        let mask_of_rank0 = |placement| {
+            let config = BenchConfig {
+                op: BenchOp::AllReduce,
+                ranks: 1,
+                sizes: vec![8],
+                options: CommOptions::named(format!("bench-place-{placement:?}")),
+                max_iters: 5,
+                placement,
+            };
+            let seen = std::sync::Mutex::new(Vec::new());
+            run(&config, &|_| *seen.lock().unwrap() = affinity()).unwrap();
+            seen.into_inner().unwrap()
+        };
+        assert_eq!(mask_of_rank0(Placement::OneCpuEach), vec![allowed[0]]);
+        assert_eq!(mask_of_rank0(Placement::Free), allowed);
+    }
+
     #[test]
     fn a_tiny_run_reports_every_size() {
         let config = BenchConfig {
@@ -330,6 +427,7 @@ mod tests {
             sizes: vec![8, 4096],
             options: CommOptions::named("bench-test"),
             max_iters: 5,
+            placement: Placement::OneCpuEach,
         };
         let seen = std::sync::Mutex::new(0);
         let results = run(&config, &|_| *seen.lock().unwrap() += 1).unwrap();

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hypercomm_comm::CommOptions;
-use hypercomm_comm::bench::{self, BenchConfig, BenchOp, BenchResult};
+use hypercomm_comm::bench::{self, BenchConfig, BenchOp, BenchResult, Placement};
 
 use super::provenance::Provenance;
 use crate::error::CliError;
@@ -54,6 +54,11 @@ pub struct Args {
     /// How small-message latency is judged on a shared machine: one run can be lucky or unlucky.
     #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// Host: let the scheduler place the rank threads instead of binding rank i to the i-th CPU this process may
+    /// use (ranks float anyway when there are more ranks than CPUs). Unbound, two ranks on two cores sometimes
+    /// share one core for a whole run, which then measures the scheduler.
+    #[arg(long)]
+    unpinned: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -178,12 +183,22 @@ pub fn run(args: Args) -> Result<(), CliError> {
             ..CommOptions::named("bench")
         },
         max_iters: args.iters.max(1),
+        placement: if args.unpinned {
+            Placement::Free
+        } else {
+            Placement::OneCpuEach
+        },
     };
+    let cpus = bench::rank_cpus(config.placement, ranks);
     println!(
         "# hypercomm bench: {} on {} ranks (threads in one process), backend host, transport {}",
         op.name(),
         ranks,
         if args.tcp { "tcp" } else { "shm" }
+    );
+    println!(
+        "# placement: {}",
+        placement_text(config.placement, cpus.as_deref())
     );
     println!(
         "# busbw factor {:.3}; time is the median of each size's iterations",
@@ -223,13 +238,35 @@ pub fn run(args: Args) -> Result<(), CliError> {
     // The table and plot of a single run are that run; of several, each size's median run.
     let results = summary.median_results();
     if let Some(path) = &args.json {
-        let runs = (args.runs > 1).then(|| summary.json(load_before, load_after));
-        write_json(path, "host", &results, &provenance, None, runs)?;
+        let placement = serde_json::json!({
+            "bound": cpus.is_some(),
+            "cpus": cpus,
+            "requested": if args.unpinned { "free" } else { "one-cpu-each" },
+        });
+        let mut extra = vec![("placement", placement)];
+        if args.runs > 1 {
+            extra.push(("runs", summary.json(load_before, load_after)));
+        }
+        write_json(path, "host", &results, &provenance, extra)?;
     }
     if let Some(path) = &args.plot {
         plot(path, &results)?;
     }
     Ok(())
+}
+
+/// Says where the rank threads run.
+fn placement_text(placement: Placement, cpus: Option<&[usize]>) -> String {
+    match (placement, cpus) {
+        (_, Some(cpus)) => {
+            let list: Vec<String> = cpus.iter().map(ToString::to_string).collect();
+            format!("rank i bound to CPU [{}][i]", list.join(", "))
+        }
+        (Placement::Free, None) => "threads float (--unpinned)".into(),
+        (Placement::OneCpuEach, None) => {
+            "threads float: more ranks than CPUs this process may use".into()
+        }
+    }
 }
 
 fn print_table_header() {
@@ -349,7 +386,8 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
                 "blocking": args.blocking,
             })
         });
-        write_json(path, "nccl", &report.results, &provenance, overhead, None)?;
+        let extra = overhead.map(|o| ("overhead", o)).into_iter().collect();
+        write_json(path, "nccl", &report.results, &provenance, extra)?;
     }
     if let Some(path) = &args.plot {
         plot(path, &report.results)?;
@@ -357,13 +395,13 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Writes the results, where they were measured, and the `extra` top-level keys as pretty JSON at `path`.
 fn write_json(
     path: &Path,
     backend: &str,
     results: &[BenchResult],
     provenance: &Provenance,
-    overhead: Option<serde_json::Value>,
-    runs: Option<serde_json::Value>,
+    extra: Vec<(&str, serde_json::Value)>,
 ) -> Result<(), CliError> {
     let rows: Vec<_> = results
         .iter()
@@ -379,11 +417,8 @@ fn write_json(
         "measured": provenance.json(),
         "results": rows,
     });
-    if let Some(o) = overhead {
-        doc["overhead"] = o;
-    }
-    if let Some(r) = runs {
-        doc["runs"] = r;
+    for (key, value) in extra {
+        doc[key] = value;
     }
     let text = serde_json::to_string_pretty(&doc)
         .map_err(|e| CliError::Failed(format!("cannot encode results: {e}")))?;
