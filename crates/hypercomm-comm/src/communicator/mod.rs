@@ -722,11 +722,18 @@ mod tests {
             if me == 1 {
                 // Let rank 0 wait in its barrier while its communicator is aborted from another thread.
                 std::thread::sleep(std::time::Duration::from_millis(300));
-                comm.barrier_now().expect("rank 1's barrier meets rank 0's");
-                // Rank 0's deferred abort reaches this rank: its next operation fails (not after 5 minutes).
+                // Rank 0's barrier completes once this rank arrives, and its deferred abort follows at once. If
+                // that abort lands before this rank has looked at the finished round, the transport refuses to
+                // consume it (after an abort nothing more is consumed), so this barrier may fail too, and then
+                // as aborted by rank 0; otherwise it succeeds and the abort fails the next operation. Either way
+                // the abort reaches this rank promptly, not after the 5-minute timeout.
                 let start = std::time::Instant::now();
-                let next = comm.barrier_now();
-                return next.is_err() && start.elapsed() < std::time::Duration::from_secs(60);
+                let failure = match comm.barrier_now() {
+                    Ok(()) => comm.barrier_now().err(),
+                    Err(e) => Some(e)
+                        .filter(|e| matches!(e, crate::CommError::AbortedByPeer { by: 0, .. })),
+                };
+                return failure.is_some() && start.elapsed() < std::time::Duration::from_secs(60);
             }
             std::thread::scope(|s| {
                 s.spawn(|| {
