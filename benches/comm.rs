@@ -27,6 +27,7 @@ fn main() {
             options: CommOptions::named(format!("bench-{}", op.name())),
             max_iters: if smoke { 5 } else { 500 },
             placement: Placement::OneCpuEach,
+            huge_pages: false,
         };
         let results = match run(&config, &|_| {}) {
             Ok(r) => r,

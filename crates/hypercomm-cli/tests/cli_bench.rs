@@ -121,6 +121,39 @@ fn unpinned_host_bench_lets_the_threads_float_and_says_so() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(doc["placement"]["bound"], false);
     assert_eq!(doc["placement"]["requested"], "free");
+    assert_eq!(doc["buffers"], "plain");
+}
+
+#[test]
+fn huge_page_buffers_are_asked_for_and_recorded() {
+    let json = scratch("huge.json");
+    let out = hypercomm(&[
+        "bench",
+        "--sizes",
+        "4MiB",
+        "--iters",
+        "5",
+        "--huge-pages",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    if !out.status.success() {
+        // A kernel without transparent huge pages refuses the advice, and the run says so instead of measuring
+        // ordinary pages under the huge-page name.
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains("refused the advice"), "{stderr}");
+        println!("skipped the measurement: this kernel refuses MADV_HUGEPAGE ({stderr})");
+        return;
+    }
+    assert!(
+        stdout.contains("# buffers: advised to use 2 MiB pages"),
+        "{stdout}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["buffers"], "huge-page advice");
+    assert!(doc["results"][0]["busbw_GBps"].as_f64().unwrap() > 0.0);
 }
 
 #[test]

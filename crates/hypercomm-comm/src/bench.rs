@@ -8,6 +8,9 @@
 //! core: two threads that take turns never look busy enough to be split again). Such a run measures the
 //! scheduler, not the collective: on the development machine it shows the same figures as a run confined to one
 //! core with `taskset -c 0` (small all-reduce 25-30 µs instead of 2 µs, 16 MiB at half the bandwidth).
+//! Buffers are plain vectors unless [`BenchConfig::huge_pages`] asks for
+//! [`huge_page_vec`](crate::host_buffer::huge_page_vec), which makes beyond-cache sizes faster where each TLB
+//! miss is dear (a virtual machine).
 //! `bytes` is the whole buffer as nccl-tests counts it: the all-reduce/broadcast/reduce buffer, the all-gather
 //! output, the reduce-scatter input, the all-to-all buffer. `algbw = bytes / time`; `busbw = algbw * factor`
 //! with nccl-tests' factors (see [`BenchOp::bus_factor`]).
@@ -38,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use hypercomm_store::MemoryStore;
 
+use crate::host_buffer::PageAdvice;
 use crate::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
 
 /// A benchmarked collective.
@@ -230,6 +234,10 @@ pub struct BenchConfig {
     pub max_iters: usize,
     /// Where the rank threads run.
     pub placement: Placement,
+    /// Allocate the buffers with [`huge_page_vec`](crate::host_buffer::huge_page_vec) (advised to use 2 MiB
+    /// pages) instead of plain `vec!`; a kernel that refuses the advice fails the run rather than measuring
+    /// ordinary pages under the wrong name.
+    pub huge_pages: bool,
 }
 
 /// Timed iterations for a size: enough to move about 256 MiB, between 5 and `max`.
@@ -301,8 +309,22 @@ fn measure(
     let n = comm.size();
     let op = config.op;
     let (input_len, output_len) = op.buffer_lens(bytes, n);
-    let mut input = vec![1.0f32; input_len];
-    let mut output = vec![0.0f32; output_len];
+    let alloc = |len: usize, value: f32| {
+        if !config.huge_pages {
+            return Ok(vec![value; len]);
+        }
+        match crate::host_buffer::huge_page_vec(len, value) {
+            (_, PageAdvice::Refused { error }) => Err(CommError::InvalidArgument {
+                comm: config.options.name.clone(),
+                what: format!(
+                    "huge-page buffers asked for, but the kernel refused the advice: {error}"
+                ),
+            }),
+            (buf, _) => Ok(buf),
+        }
+    };
+    let mut input = alloc(input_len, 1.0)?;
+    let mut output = alloc(output_len, 0.0)?;
     let iters = iterations(bytes, config.max_iters);
     let warmup = 2.max(iters / 10);
     let mut times = Vec::with_capacity(iters);
@@ -410,6 +432,7 @@ mod tests {
                 options: CommOptions::named(format!("bench-place-{placement:?}")),
                 max_iters: 5,
                 placement,
+                huge_pages: false,
             };
             let seen = std::sync::Mutex::new(Vec::new());
             run(&config, &|_| *seen.lock().unwrap() = affinity()).unwrap();
@@ -428,6 +451,7 @@ mod tests {
             options: CommOptions::named("bench-test"),
             max_iters: 5,
             placement: Placement::OneCpuEach,
+            huge_pages: false,
         };
         let seen = std::sync::Mutex::new(0);
         let results = run(&config, &|_| *seen.lock().unwrap() += 1).unwrap();

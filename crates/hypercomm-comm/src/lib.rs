@@ -30,6 +30,7 @@ pub mod device;
 mod element;
 mod error;
 mod failure;
+pub mod host_buffer;
 mod nccl_options;
 mod options;
 mod reduce;

@@ -59,6 +59,10 @@ pub struct Args {
     /// share one core for a whole run, which then measures the scheduler.
     #[arg(long)]
     unpinned: bool,
+    /// Host: allocate the benchmark's buffers with `hypercomm_comm::host_buffer::huge_page_vec`, which asks the
+    /// kernel to back them with 2 MiB pages, instead of plain vectors.
+    #[arg(long)]
+    huge_pages: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -188,6 +192,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         } else {
             Placement::OneCpuEach
         },
+        huge_pages: args.huge_pages,
     };
     let cpus = bench::rank_cpus(config.placement, ranks);
     println!(
@@ -199,6 +204,14 @@ pub fn run(args: Args) -> Result<(), CliError> {
     println!(
         "# placement: {}",
         placement_text(config.placement, cpus.as_deref())
+    );
+    println!(
+        "# buffers: {}",
+        if args.huge_pages {
+            "advised to use 2 MiB pages (--huge-pages)"
+        } else {
+            "plain vectors"
+        }
     );
     println!(
         "# busbw factor {:.3}; time is the median of each size's iterations",
@@ -243,7 +256,12 @@ pub fn run(args: Args) -> Result<(), CliError> {
             "cpus": cpus,
             "requested": if args.unpinned { "free" } else { "one-cpu-each" },
         });
-        let mut extra = vec![("placement", placement)];
+        let buffers = if args.huge_pages {
+            "huge-page advice"
+        } else {
+            "plain"
+        };
+        let mut extra = vec![("placement", placement), ("buffers", buffers.into())];
         if args.runs > 1 {
             extra.push(("runs", summary.json(load_before, load_after)));
         }
