@@ -33,6 +33,66 @@ fn launch_sets_rank_variables_and_prefixes_output() {
 }
 
 #[test]
+fn launch_bind_cpus_gives_each_rank_its_own_cpus_or_refuses_with_status_2() {
+    let allowed =
+        |text: &str| -> Vec<String> { text.trim().split(',').map(str::to_owned).collect() };
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let here = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let cpus: usize = allowed(&here)
+        .iter()
+        .map(|part| match part.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum();
+    if cpus >= 2 {
+        let out = hypercomm()
+            .args(["launch", "-n", "2", "--bind-cpus", "--", "sh", "-c"])
+            .arg("grep Cpus_allowed_list /proc/self/status | cut -f2")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lists: Vec<&str> = (0..2)
+            .map(|r| {
+                let prefix = format!("[rank {r}] ");
+                text.lines()
+                    .find_map(|l| l.strip_prefix(prefix.as_str()))
+                    .unwrap()
+            })
+            .collect();
+        assert_ne!(lists[0], lists[1], "{text}");
+        assert!(
+            lists.iter().all(|l| *l != here),
+            "bound ranks see less than {here}: {text}"
+        );
+    }
+    let out = hypercomm()
+        .args([
+            "launch",
+            "-n",
+            &(cpus + 1).to_string(),
+            "--bind-cpus",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot bind"), "{err}");
+}
+
+#[test]
 fn launch_stops_the_others_and_names_the_failed_rank() {
     let out = hypercomm()
         .args(["launch", "-n", "2", "--grace-secs", "1", "--", "sh", "-c"])

@@ -42,5 +42,50 @@ pub struct Launcher {
     pub(crate) secret: Option<Secret>,
     pub(crate) relay: Option<bool>,
     pub(crate) torchrun_env: bool,
+    /// Bind each local rank to its own share of the CPUs ([`Launcher::bind_cpus`]).
+    pub(crate) bind_cpus: bool,
     pub(crate) env: Vec<(OsString, OsString)>,
+}
+
+/// The CPUs of `allowed` cut, in order, into `nproc` contiguous shares whose sizes differ by at most one (the
+/// first `allowed.len() % nproc` shares get the extra CPU); `None` when there are fewer CPUs than shares.
+pub(crate) fn cpu_shares(allowed: &[usize], nproc: usize) -> Option<Vec<Vec<usize>>> {
+    if nproc == 0 || allowed.len() < nproc {
+        return None;
+    }
+    let (base, extra) = (allowed.len() / nproc, allowed.len() % nproc);
+    let mut rest = allowed;
+    Some(
+        (0..nproc)
+            .map(|i| {
+                let (share, tail) = rest.split_at(base + usize::from(i < extra));
+                rest = tail;
+                share.to_vec()
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_shares;
+
+    #[test]
+    fn shares_cover_every_cpu_once_in_order_and_differ_by_at_most_one() {
+        for cpus in 1..=12usize {
+            // Allowed CPUs need not be contiguous: every third one here.
+            let allowed: Vec<usize> = (0..cpus).map(|c| 3 * c + 1).collect();
+            for nproc in 1..=cpus {
+                let shares = cpu_shares(&allowed, nproc).expect("enough CPUs");
+                assert_eq!(shares.len(), nproc);
+                assert_eq!(shares.concat(), allowed, "{cpus} CPUs, {nproc} ranks");
+                let sizes: Vec<usize> = shares.iter().map(Vec::len).collect();
+                let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+                assert!(*lo >= 1 && hi - lo <= 1, "{sizes:?}");
+                assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+            }
+            assert_eq!(cpu_shares(&allowed, cpus + 1), None);
+        }
+        assert_eq!(cpu_shares(&[0, 1], 0), None);
+    }
 }

@@ -24,6 +24,8 @@
 //! Each rank runs in its own process group, so stopping a rank also stops anything it started, and a Ctrl-C at
 //! the terminal reaches only the launcher, which forwards it (with [`Launcher::forward_signals`]) exactly once.
 //! Ranks are also set to receive SIGKILL if the launcher dies, so a killed launcher leaves no orphans.
+//! With [`Launcher::bind_cpus`] each local rank is bound, before it runs the program, to its own share of the
+//! CPUs the launcher may use.
 //!
 //! Multi-process tests use the same code: launch the test binary itself, running one `#[ignore]`d test as the
 //! rank program ([`Launcher::current_test`]).

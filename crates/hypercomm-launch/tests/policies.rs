@@ -259,3 +259,71 @@ fn a_torch_distributed_program_runs_unchanged_under_the_launcher() {
         );
     }
 }
+
+/// CPUs in a `Cpus_allowed_list` line of /proc/PID/status: `0-3,8,10-11`.
+fn cpu_list(text: &str) -> Vec<usize> {
+    text.split(',')
+        .flat_map(|part| {
+            let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+            let (lo, hi): (usize, usize) = (lo.trim().parse().unwrap(), hi.trim().parse().unwrap());
+            lo..=hi
+        })
+        .collect()
+}
+
+fn allowed_here() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap();
+    cpu_list(line)
+}
+
+#[test]
+fn bound_ranks_get_disjoint_shares_of_the_cpus_that_cover_them_all() {
+    let allowed = allowed_here();
+    for nproc in 1..=allowed.len().min(4) {
+        let report = sh("grep Cpus_allowed_list /proc/self/status | cut -f2")
+            .nproc(nproc)
+            .bind_cpus(true)
+            .run()
+            .unwrap();
+        assert!(report.success(), "{}", report.summary());
+        let shares: Vec<Vec<usize>> = report
+            .ranks
+            .iter()
+            .map(|r| cpu_list(&r.stdout.concat()))
+            .collect();
+        // Every CPU in exactly one share, in rank order, and shares within one CPU of each other in size.
+        assert_eq!(shares.concat(), allowed, "{nproc} ranks: {shares:?}");
+        let sizes: Vec<usize> = shares.iter().map(Vec::len).collect();
+        let (lo, hi) = (*sizes.iter().min().unwrap(), *sizes.iter().max().unwrap());
+        assert!(lo >= 1 && hi - lo <= 1, "{nproc} ranks: {shares:?}");
+    }
+    // Unbound, a rank may run anywhere this process may.
+    let report = sh("grep Cpus_allowed_list /proc/self/status | cut -f2")
+        .nproc(2)
+        .run()
+        .unwrap();
+    for rank in &report.ranks {
+        assert_eq!(cpu_list(&rank.stdout.concat()), allowed);
+    }
+}
+
+#[test]
+fn binding_more_ranks_than_cpus_is_refused_before_anything_starts() {
+    let cpus = allowed_here().len();
+    let err = sh("echo started")
+        .nproc(cpus + 1)
+        .bind_cpus(true)
+        .run()
+        .unwrap_err();
+    assert!(matches!(err, LaunchError::Invalid(_)), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("cannot bind {} local ranks", cpus + 1))
+            && text.contains(&format!("{cpus} CPU")),
+        "{text}"
+    );
+}

@@ -46,6 +46,11 @@ pub struct Args {
     /// MASTER_PORT), so programs written for torchrun run unchanged.
     #[arg(long)]
     torchrun_env: bool,
+    /// Bind each local rank to its own share of the CPUs this launcher may use (contiguous, as equal as they can
+    /// be); refused when there are fewer CPUs than ranks. Unbound ranks that wait on each other can end up
+    /// sharing one core.
+    #[arg(long)]
+    bind_cpus: bool,
     /// Stop the whole job after this many seconds.
     #[arg(long)]
     timeout_secs: Option<f64>,
@@ -77,6 +82,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         .kill_after(seconds("kill-after-secs", args.kill_after_secs)?)
         .secret(secret)
         .torchrun_env(args.torchrun_env)
+        .bind_cpus(args.bind_cpus)
         .forward_signals(true);
     if let Some(relay) = &args.relay {
         launcher = launcher.relay(relay == "on");

@@ -52,13 +52,15 @@ pub(crate) struct Job {
 
 impl Job {
     /// Starts every local rank of `launcher`, each in its own process group with its output pumped and its exit
-    /// watched. If one cannot be started, the ones already started are killed and reaped.
+    /// watched. If one cannot be started, the ones already started are killed and reaped. With `cpus`, local
+    /// rank `i` is bound to the CPUs `cpus[i]` before it runs the program.
     pub(crate) fn start(
         launcher: &Launcher,
         store_addr: &StoreAddr,
         relay_addr: Option<&StoreAddr>,
         secret: Option<&Secret>,
         torch_master: Option<&StoreAddr>,
+        cpus: Option<&[Vec<usize>]>,
     ) -> Result<Job, LaunchError> {
         let (done_tx, pumps_done) = mpsc::channel();
         let (exits_tx, exits) = mpsc::channel();
@@ -106,13 +108,24 @@ impl Job {
                 Some(relay) => cmd.env(RELAY_ADDR_ENV, relay.to_string()),
                 None => cmd.env_remove(RELAY_ADDR_ENV),
             };
+            // Built here, in the parent: the child only hands it to the kernel.
+            let bind = cpus.map(|shares| {
+                let mut set = rustix::thread::CpuSet::new();
+                shares[local_rank].iter().for_each(|&c| set.set(c));
+                set
+            });
             // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe calls are
-            // allowed. It makes one prctl(PR_SET_PDEATHSIG) system call through rustix's raw-syscall backend,
-            // which neither allocates nor takes locks; the error path converts an errno without allocating.
+            // allowed. It makes at most two system calls, prctl(PR_SET_PDEATHSIG) and sched_setaffinity on a CPU
+            // set built before the fork, through rustix's raw-syscall backend, which neither allocates nor takes
+            // locks; the error path converts an errno without allocating.
             unsafe {
-                cmd.pre_exec(|| {
+                cmd.pre_exec(move || {
                     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
-                        .map_err(io::Error::from)
+                        .map_err(io::Error::from)?;
+                    if let Some(set) = &bind {
+                        rustix::thread::sched_setaffinity(None, set).map_err(io::Error::from)?;
+                    }
+                    Ok(())
                 });
             }
             let mut child = match cmd.spawn() {
