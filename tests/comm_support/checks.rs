@@ -314,6 +314,78 @@ pub fn big_buffers<T: TestElem>(comm: &Communicator) {
     assert_close(&rs, &want, &format!("{} big reduce_scatter", T::DTYPE));
 }
 
+/// Collectives whose whole output reaches the size the host backend writes with non-temporal stores (8 MiB),
+/// with an element count that leaves unaligned heads and tails: all-gather, broadcast, all-to-all and gather.
+pub fn streamed_outputs<T: TestElem>(comm: &Communicator) {
+    let (n, me) = (comm.size(), comm.rank());
+    let len = (8 << 20) / (n * std::mem::size_of::<T>()) + 3;
+    let what = |op: &str| {
+        format!(
+            "{} {op} into {} bytes",
+            T::DTYPE,
+            n * len * std::mem::size_of::<T>()
+        )
+    };
+    let (_, g) = comm
+        .all_gather_into(
+            values::<T>(ReduceOp::Sum, me, len),
+            vec![T::default(); n * len],
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+    for r in 0..n {
+        assert!(
+            g[r * len..(r + 1) * len] == values::<T>(ReduceOp::Sum, r, len)[..],
+            "{}",
+            what("all_gather")
+        );
+    }
+    let root = n - 1;
+    let sent = values::<T>(ReduceOp::Sum, root, n * len);
+    let mine = if me == root {
+        sent.clone()
+    } else {
+        vec![T::default(); n * len]
+    };
+    let b = comm.broadcast(mine, root).unwrap().wait().unwrap();
+    assert!(b == sent, "{}", what("broadcast"));
+    let blocks: Vec<T> = (0..n)
+        .flat_map(|d| (0..len).map(move |i| pattern::<T>(me, d, i)))
+        .collect();
+    let (_, a) = comm
+        .all_to_all_into(blocks, vec![T::default(); n * len])
+        .unwrap()
+        .wait()
+        .unwrap();
+    for src in 0..n {
+        let want: Vec<T> = (0..len).map(|i| pattern::<T>(src, me, i)).collect();
+        assert!(
+            a[src * len..(src + 1) * len] == want[..],
+            "{}",
+            what("all_to_all")
+        );
+    }
+    let (_, gathered) = comm
+        .gather(
+            values::<T>(ReduceOp::Sum, me, len),
+            vec![T::default(); n * len],
+            0,
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+    if me == 0 {
+        for r in 0..n {
+            assert!(
+                gathered[r * len..(r + 1) * len] == values::<T>(ReduceOp::Sum, r, len)[..],
+                "{}",
+                what("gather")
+            );
+        }
+    }
+}
+
 /// Small per-round scratch so that even short buffers are cut into many pieces (pipelining is exercised).
 pub const SMALL_SCRATCH: usize = 256;
 /// Element counts every collective and type is checked at: empty, one, odd, multi-piece.
@@ -354,4 +426,6 @@ pub fn full_matrix(comm: &Communicator) {
     big_buffers::<i64>(&big);
     big_buffers::<u32>(&big);
     big_buffers::<u64>(&big);
+    streamed_outputs::<f32>(&big);
+    streamed_outputs::<u8>(&big);
 }

@@ -21,6 +21,7 @@
 use std::ops::Range;
 
 use super::header::{Header, OpKind};
+use super::stream_copy;
 use super::transport::{Consume, Peers, Round, Seg, Transport};
 use crate::CommError;
 use crate::element::{DType, ReduceOp};
@@ -71,8 +72,9 @@ fn fault(comm: &str, f: ReduceFault) -> CommError {
     }
 }
 
-fn copy_into(out: &mut [u8], at: Range<usize>, from: &[u8]) {
-    out[at].copy_from_slice(from);
+/// Copies `from` to `out[at]`, bypassing the cache when `stream` is set (see [`stream_copy`]).
+fn copy_into(out: &mut [u8], at: Range<usize>, from: &[u8], stream: bool) {
+    stream_copy::copy(&mut out[at], from, stream);
 }
 
 /// Everything a collective needs besides its buffers.
@@ -223,7 +225,8 @@ fn all_reduce_bandwidth(
             if let Some(p) = &prev {
                 for src in (0..n).filter(|&r| r != me) {
                     let at = scale(shift(chunk(p, src), p.start), s);
-                    copy_into(out, at, peers.get(src, 0..prev_len(src))?);
+                    // This rank read these bytes (its peers' part of the piece) a round ago: they are cached.
+                    copy_into(out, at, peers.get(src, 0..prev_len(src))?, false);
                 }
             }
             if let Some(c) = &cur {
@@ -245,6 +248,7 @@ pub(crate) fn broadcast(
     root: usize,
 ) -> Result<(), CommError> {
     let (me, s) = (cx.t.rank(), dtype.size());
+    let stream = stream_copy::bypass_cache(buf.len());
     for (i, p) in pieces(buf.len() / s, cx.elems_per_round(s))
         .into_iter()
         .enumerate()
@@ -259,7 +263,7 @@ pub(crate) fn broadcast(
         let wants = |src: usize, _| if src == root { all(len) } else { vec![] };
         cx.run(i as u64, publish, &wants, &[], buf, &mut |out, peers| {
             if me != root {
-                copy_into(out, bytes.clone(), peers.get(root, 0..len)?);
+                copy_into(out, bytes.clone(), peers.get(root, 0..len)?, stream);
             }
             Ok(())
         })?;
@@ -341,6 +345,7 @@ pub(crate) fn all_gather(
     dtype: DType,
 ) -> Result<(), CommError> {
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    let stream = stream_copy::bypass_cache(out.len());
     for (i, p) in pieces(per_rank / s, cx.elems_per_round(s))
         .into_iter()
         .enumerate()
@@ -361,9 +366,13 @@ pub(crate) fn all_gather(
                 for src in 0..n {
                     let at = shift(bytes.clone(), src * per_rank);
                     match (src == me, input) {
-                        (true, Some(inp)) => copy_into(out, at, &inp[bytes.clone()]),
+                        (true, Some(inp)) => {
+                            stream_copy::copy(&mut out[at], &inp[bytes.clone()], stream)
+                        }
                         (true, None) => {}
-                        (false, _) => copy_into(out, at, peers.get(src, 0..len)?),
+                        (false, _) => {
+                            stream_copy::copy(&mut out[at], peers.get(src, 0..len)?, stream)
+                        }
                     }
                 }
                 Ok(())
@@ -470,6 +479,7 @@ pub(crate) fn all_to_all(
 ) -> Result<(), CommError> {
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
     let per_piece = (cx.elems_per_round(s) / n).max(1);
+    let stream = stream_copy::bypass_cache(out.len());
     for (i, p) in pieces(block / s, per_piece).into_iter().enumerate() {
         let bytes = scale(p, s);
         let len = bytes.len();
@@ -485,9 +495,11 @@ pub(crate) fn all_to_all(
                 for src in 0..n {
                     let at = shift(bytes.clone(), src * block);
                     match (src == me, input) {
-                        (true, Some(inp)) => copy_into(out, at.clone(), &inp[at]),
+                        (true, Some(inp)) => copy_into(out, at.clone(), &inp[at], stream),
                         (true, None) => {}
-                        (false, _) => copy_into(out, at, peers.get(src, me * len..(me + 1) * len)?),
+                        (false, _) => {
+                            copy_into(out, at, peers.get(src, me * len..(me + 1) * len)?, stream)
+                        }
                     }
                 }
                 Ok(())
@@ -587,6 +599,7 @@ pub(crate) fn all_to_all_v(
         })
         .collect();
     let per = (cx.elems_per_round(s) / n).max(1);
+    let stream = stream_copy::bypass_cache(out.len());
     let rounds = (0..n)
         .flat_map(|a| (0..n).map(move |b| (a, b)))
         .map(|(a, b)| count(a, b).div_ceil(per))
@@ -615,10 +628,11 @@ pub(crate) fn all_to_all_v(
                     let w = window(src, me, t);
                     let at = scale(shift(w.clone(), rdispl[src]), s);
                     if src == me {
-                        copy_into(out, at, &input[scale(shift(w, sdispl[me]), s)]);
+                        copy_into(out, at, &input[scale(shift(w, sdispl[me]), s)], stream);
                     } else {
                         let before: usize = (0..me).map(|d| window(src, d, t).len()).sum();
-                        copy_into(out, at, peers.get(src, scale(before..before + w.len(), s))?);
+                        let from = peers.get(src, scale(before..before + w.len(), s))?;
+                        copy_into(out, at, from, stream);
                     }
                 }
                 Ok(())
@@ -638,6 +652,7 @@ pub(crate) fn gather(
 ) -> Result<(), CommError> {
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
     let per_rank = input.len();
+    let stream = stream_copy::bypass_cache(out.len());
     for (i, p) in pieces(per_rank / s, cx.elems_per_round(s))
         .into_iter()
         .enumerate()
@@ -662,7 +677,7 @@ pub(crate) fn gather(
                     } else {
                         peers.get(src, 0..len)?
                     };
-                    copy_into(out, at, from);
+                    copy_into(out, at, from, stream);
                 }
                 Ok(())
             },
@@ -703,7 +718,12 @@ pub(crate) fn scatter(
             } else {
                 peers.get(root, me * len..(me + 1) * len)?
             };
-            copy_into(out, bytes.clone(), from);
+            copy_into(
+                out,
+                bytes.clone(),
+                from,
+                stream_copy::bypass_cache(out.len()),
+            );
             Ok(())
         })?;
     }

@@ -14,6 +14,7 @@ mod liveness;
 mod mesh;
 mod segment;
 mod shm;
+mod stream_copy;
 mod tcp;
 mod transport;
 
