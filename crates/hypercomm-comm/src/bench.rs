@@ -30,11 +30,11 @@
 //! - **Large operations measure memory traffic, not the wire.** busbw divides nccl-tests' bus bytes by the time,
 //!   which compares operations on a network. On one host the cost is the bytes read and written in memory. Once
 //!   the buffers exceed the last-level cache, an in-place all-reduce of `S` bytes reads `S` and writes `S` for
-//!   `2S(n-1)/n` bus bytes; an out-of-place all-gather must read `S/n` and write `S` (its output is `n` times its input,
-//!   cold, so each line written is read first) for `S(n-1)/n` bus bytes, and a reduce-scatter reads `S` and writes
-//!   `S/n`. Per bus byte that is two to two and a half times the memory traffic of the all-reduce at 2 ranks,
-//!   whatever the algorithm, so at 16 MiB their busbw trails all-reduce's; in cache (1 MiB) they run at or above
-//!   it.
+//!   `2S(n-1)/n` bus bytes; an out-of-place all-gather must read `S/n` and write `S` (its output is `n` times its
+//!   input) for `S(n-1)/n` bus bytes, and a reduce-scatter reads `S` and writes `S/n`. Per bus byte that is about
+//!   twice the memory traffic of the all-reduce at 2 ranks, whatever the algorithm, so at 16 MiB their busbw
+//!   trails all-reduce's; in cache (1 MiB) they run at or above it. (An ordinary store to a cold line also reads
+//!   it first; outputs of 8 MiB and more are written with non-temporal stores, which do not.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
