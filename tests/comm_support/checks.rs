@@ -286,21 +286,7 @@ pub fn big_buffers<T: TestElem>(comm: &Communicator) {
             &format!("{} big all_reduce {op}", T::DTYPE),
         );
     }
-    let (_, g) = comm
-        .all_gather_into(
-            values::<T>(ReduceOp::Sum, me, len),
-            vec![T::default(); n * len],
-        )
-        .unwrap()
-        .wait()
-        .unwrap();
-    for r in 0..n {
-        assert_eq!(
-            g[r * len..(r + 1) * len],
-            values::<T>(ReduceOp::Sum, r, len)[..],
-            "big all_gather"
-        );
-    }
+    all_gather_checked::<T>(comm, len, "big all_gather");
     let want = expected::<T>(ReduceOp::Sum, n, n * len)[me * len..(me + 1) * len].to_vec();
     let (_, rs) = comm
         .reduce_scatter_into(
@@ -312,6 +298,25 @@ pub fn big_buffers<T: TestElem>(comm: &Communicator) {
         .wait()
         .unwrap();
     assert_close(&rs, &want, &format!("{} big reduce_scatter", T::DTYPE));
+}
+
+/// All-gathers `len` elements per rank and checks that every rank's block arrived (`what` names the check).
+fn all_gather_checked<T: TestElem>(comm: &Communicator, len: usize, what: &str) {
+    let (n, me) = (comm.size(), comm.rank());
+    let (_, g) = comm
+        .all_gather_into(
+            values::<T>(ReduceOp::Sum, me, len),
+            vec![T::default(); n * len],
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+    for r in 0..n {
+        assert!(
+            g[r * len..(r + 1) * len] == values::<T>(ReduceOp::Sum, r, len)[..],
+            "{what}: rank {r}'s block"
+        );
+    }
 }
 
 /// Collectives whose whole output reaches the size the host backend writes with non-temporal stores (8 MiB),
@@ -326,21 +331,7 @@ pub fn streamed_outputs<T: TestElem>(comm: &Communicator) {
             n * len * std::mem::size_of::<T>()
         )
     };
-    let (_, g) = comm
-        .all_gather_into(
-            values::<T>(ReduceOp::Sum, me, len),
-            vec![T::default(); n * len],
-        )
-        .unwrap()
-        .wait()
-        .unwrap();
-    for r in 0..n {
-        assert!(
-            g[r * len..(r + 1) * len] == values::<T>(ReduceOp::Sum, r, len)[..],
-            "{}",
-            what("all_gather")
-        );
-    }
+    all_gather_checked::<T>(comm, len, &what("all_gather"));
     let root = n - 1;
     let sent = values::<T>(ReduceOp::Sum, root, n * len);
     let mine = if me == root {

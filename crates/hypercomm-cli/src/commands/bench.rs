@@ -282,7 +282,7 @@ fn placement_text(placement: Placement, cpus: Option<&[usize]>) -> String {
         }
         (Placement::Free, None) => "threads float (--unpinned)".into(),
         (Placement::OneCpuEach, None) => {
-            "threads float: more ranks than CPUs this process may use".into()
+            "threads float: more ranks than CPUs this process may use (or its CPU mask is unreadable)".into()
         }
     }
 }
