@@ -417,6 +417,6 @@ pub fn full_matrix(comm: &Communicator) {
     big_buffers::<i64>(&big);
     big_buffers::<u32>(&big);
     big_buffers::<u64>(&big);
+    // f32 with an odd element count already starts blocks off 16-byte boundaries and ends them mid-lane.
     streamed_outputs::<f32>(&big);
-    streamed_outputs::<u8>(&big);
 }
