@@ -254,7 +254,10 @@ pub fn run(args: Args) -> Result<(), CliError> {
         let placement = serde_json::json!({
             "bound": cpus.is_some(),
             "cpus": cpus,
-            "requested": if args.unpinned { "free" } else { "one-cpu-each" },
+            "requested": match config.placement {
+                Placement::OneCpuEach => "one-cpu-each",
+                Placement::Free => "free",
+            },
         });
         let buffers = if args.huge_pages {
             "huge-page advice"

@@ -366,13 +366,9 @@ pub(crate) fn all_gather(
                 for src in 0..n {
                     let at = shift(bytes.clone(), src * per_rank);
                     match (src == me, input) {
-                        (true, Some(inp)) => {
-                            stream_copy::copy(&mut out[at], &inp[bytes.clone()], stream)
-                        }
+                        (true, Some(inp)) => copy_into(out, at, &inp[bytes.clone()], stream),
                         (true, None) => {}
-                        (false, _) => {
-                            stream_copy::copy(&mut out[at], peers.get(src, 0..len)?, stream)
-                        }
+                        (false, _) => copy_into(out, at, peers.get(src, 0..len)?, stream),
                     }
                 }
                 Ok(())
@@ -697,6 +693,7 @@ pub(crate) fn scatter(
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
     let block = out.len();
     let per_piece = (cx.elems_per_round(s) / n).max(1);
+    let stream = stream_copy::bypass_cache(block);
     for (i, p) in pieces(block / s, per_piece).into_iter().enumerate() {
         let bytes = scale(p, s);
         let len = bytes.len();
@@ -718,12 +715,7 @@ pub(crate) fn scatter(
             } else {
                 peers.get(root, me * len..(me + 1) * len)?
             };
-            copy_into(
-                out,
-                bytes.clone(),
-                from,
-                stream_copy::bypass_cache(out.len()),
-            );
+            copy_into(out, bytes.clone(), from, stream);
             Ok(())
         })?;
     }
