@@ -96,6 +96,39 @@ fn host_bench_prints_a_row_per_size_and_writes_json_and_a_plot() {
         assert_eq!(cpus.len(), 2, "{placement}");
         assert_ne!(cpus[0], cpus[1], "{placement}");
     }
+    // The core-to-core round trip is measured before and after the run, on the ranks' CPUs when bound.
+    let probe = &doc["core_to_core"];
+    let trips = probe["median_ns_before_and_after_each_run"]
+        .as_array()
+        .unwrap();
+    assert_eq!(trips.len(), 1, "{probe}");
+    if probe["cpus"].is_null() {
+        assert!(
+            trips[0].as_array().unwrap().iter().all(|t| t.is_null()),
+            "{probe}"
+        );
+        assert!(
+            stdout.contains("# core-to-core round trip: not measured"),
+            "{stdout}"
+        );
+    } else {
+        if bound {
+            assert_eq!(probe["cpus"], placement["cpus"], "{probe}");
+        }
+        for t in trips[0].as_array().unwrap() {
+            let ns = t.as_f64().unwrap();
+            assert!(ns > 0.0 && ns.is_finite(), "{probe}");
+        }
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("# core-to-core round trip, CPUs "))
+            .unwrap_or_else(|| panic!("{stdout}"));
+        let before = trips[0][0].as_f64().unwrap();
+        assert!(
+            line.contains(&format!("{before:.0} ns before the run")),
+            "{line} / {probe}"
+        );
+    }
 }
 
 #[test]

@@ -35,6 +35,15 @@
 //!   twice the memory traffic of the all-reduce at 2 ranks, whatever the algorithm, so at 16 MiB their busbw
 //!   trails all-reduce's; in cache (1 MiB) they run at or above it. (An ordinary store to a cold line also reads
 //!   it first; outputs of 8 MiB and more are written with non-temporal stores, which do not.)
+//! - **Every size waits on lines crossing between cores.** A peer's publication reaches a rank one cache line at
+//!   a time, and a core keeps only so many such transfers in flight, so the transport's throughput follows the
+//!   core-to-core latency. On a virtual machine that latency is the host's choice and can change by several
+//!   times within a minute; [`core_to_core::round_trip`] measures it, and `hypercomm bench` reports it before
+//!   and after every run. On the development machine a round trip of 370-490 ns instead of the usual 55-90
+//!   marks the windows where every size runs at 1.8-3.3 GB/s, and one of about 30 ns (two virtual CPUs on one
+//!   physical core, most likely) the runs where the 1-4 MiB sizes lose a quarter of their speed.
+
+pub mod core_to_core;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

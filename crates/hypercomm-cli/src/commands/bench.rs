@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hypercomm_comm::CommOptions;
-use hypercomm_comm::bench::{self, BenchConfig, BenchOp, BenchResult, Placement};
+use hypercomm_comm::bench::{self, BenchConfig, BenchOp, BenchResult, Placement, core_to_core};
 
 use super::provenance::Provenance;
 use crate::error::CliError;
@@ -222,11 +222,14 @@ pub fn run(args: Args) -> Result<(), CliError> {
     }
     let provenance = Provenance::start();
     let load_before = provenance.load_before();
+    let probe_cpus = probe_cpus(cpus.as_deref());
     let mut all_runs = Vec::with_capacity(args.runs);
+    let mut trips = Vec::with_capacity(args.runs);
     for run in 0..args.runs {
         if args.runs > 1 {
             println!("# run {} of {}", run + 1, args.runs);
         }
+        let before = probe(probe_cpus)?;
         print_table_header();
         let bar = size_bar(sizes.len());
         let results = bench::run(&config, &|r| {
@@ -235,7 +238,10 @@ pub fn run(args: Args) -> Result<(), CliError> {
         })
         .map_err(|e| CliError::Failed(e.to_string()))?;
         bar.finish_and_clear();
+        let after = probe(probe_cpus)?;
+        println!("# {}", round_trip_text(probe_cpus, before, after));
         all_runs.push(results);
+        trips.push((before, after));
     }
     let load_after = super::bench_runs::load_average();
     let summary = super::bench_runs::Summary::of(&all_runs);
@@ -264,7 +270,17 @@ pub fn run(args: Args) -> Result<(), CliError> {
         } else {
             "plain"
         };
-        let mut extra = vec![("placement", placement), ("buffers", buffers.into())];
+        let core_to_core = serde_json::json!({
+            "cpus": probe_cpus.map(|(a, b)| [a, b]),
+            "batches": CORE_TO_CORE_BATCHES,
+            "trips_per_batch": core_to_core::TRIPS_PER_BATCH,
+            "median_ns_before_and_after_each_run": trips.iter().map(|(b, a)| [b, a]).collect::<Vec<_>>(),
+        });
+        let mut extra = vec![
+            ("placement", placement),
+            ("buffers", buffers.into()),
+            ("core_to_core", core_to_core),
+        ];
         if args.runs > 1 {
             extra.push(("runs", summary.json(load_before, load_after)));
         }
@@ -277,6 +293,44 @@ pub fn run(args: Args) -> Result<(), CliError> {
 }
 
 /// Says where the rank threads run.
+/// Batches of round trips in each core-to-core probe (each batch is
+/// [`TRIPS_PER_BATCH`](core_to_core::TRIPS_PER_BATCH) trips): a few milliseconds.
+const CORE_TO_CORE_BATCHES: usize = 200;
+
+/// The two CPUs whose core-to-core round trip is reported: ranks 0 and 1's when bound, otherwise the first two
+/// this process may use; `None` with fewer than two.
+fn probe_cpus(bound: Option<&[usize]>) -> Option<(usize, usize)> {
+    let cpus = match bound {
+        Some(c) if c.len() >= 2 => c.to_vec(),
+        _ => bench::rank_cpus(Placement::OneCpuEach, 2)?,
+    };
+    Some((cpus[0], cpus[1]))
+}
+
+/// The median core-to-core round trip in ns between `cpus`, `None` when there are no two CPUs to measure.
+fn probe(cpus: Option<(usize, usize)>) -> Result<Option<f64>, CliError> {
+    let Some((a, b)) = cpus else {
+        return Ok(None);
+    };
+    core_to_core::round_trip(a, b, CORE_TO_CORE_BATCHES, Duration::from_secs(10))
+        .map(|t| Some(t.median_ns))
+        .map_err(|e| CliError::Failed(e.to_string()))
+}
+
+fn round_trip_text(
+    cpus: Option<(usize, usize)>,
+    before: Option<f64>,
+    after: Option<f64>,
+) -> String {
+    match (cpus, before, after) {
+        (Some((a, b)), Some(before), Some(after)) => format!(
+            "core-to-core round trip, CPUs {a} and {b}: {before:.0} ns before the run, {after:.0} ns after \
+             (every shared-memory round waits on it; see `hypercomm_comm::bench::core_to_core`)"
+        ),
+        _ => "core-to-core round trip: not measured (this process may use one CPU)".into(),
+    }
+}
+
 fn placement_text(placement: Placement, cpus: Option<&[usize]>) -> String {
     match (placement, cpus) {
         (_, Some(cpus)) => {
