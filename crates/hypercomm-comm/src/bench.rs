@@ -33,7 +33,9 @@
 //!   `2S(n-1)/n` bus bytes; an out-of-place all-gather must read `S/n` and write `S` (its output is `n` times its
 //!   input) for `S(n-1)/n` bus bytes, and a reduce-scatter reads `S` and writes `S/n`. Per bus byte that is about
 //!   twice the memory traffic of the all-reduce at 2 ranks, whatever the algorithm, so at 16 MiB their busbw
-//!   trails all-reduce's; in cache (1 MiB) they run at or above it. (An ordinary store to a cold line also reads
+//!   trails all-reduce's; in cache (1 MiB) they run at or above it. `scripts/floors.c` measures each floor on
+//!   the machine at hand: on the development machine (2026-11-23) the all-gather and reduce-scatter floors at
+//!   16 MiB were 0.59 of the all-reduce's, and each collective ran at 0.51-0.57 of its own floor. (An ordinary store to a cold line also reads
 //!   it first; outputs of 8 MiB and more are written with non-temporal stores, which do not.)
 //! - **Every size waits on lines crossing between cores.** A peer's publication reaches a rank one cache line at
 //!   a time, and a core keeps only so many such transfers in flight, so the transport's throughput follows the
