@@ -313,7 +313,7 @@ fn unviewable<S>(label: &str, bytes: usize, len: usize) -> CommError {
 /// How the ordering is kept, cheaply: cudarc gives every allocation a read and a write event, and each use through
 /// cudarc makes the stream wait on both and records one after (three driver calls). A collective does not need
 /// them while the buffer stays on one stream, which is the common case (a communicator's stream, call after call):
-/// the stream's own order covers it. So a collective takes the address through [`DeviceBuffer::address_on`], which
+/// the stream's own order covers it. So a collective takes the address through `DeviceBuffer::address_on`, which
 /// goes through cudarc's events only when the stream changes, and otherwise remembers the stream as
 /// `unrecorded`: work there that cudarc's events do not cover yet. Any later use through cudarc first records
 /// them on that stream (or orders its own stream after it), and so does the release.
