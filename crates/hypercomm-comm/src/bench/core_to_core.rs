@@ -135,7 +135,8 @@ pub fn round_trip(
         abandoned: Line(AtomicU64::new(0)),
     };
     let deadline = Instant::now() + timeout;
-    let trips = (batches * TRIPS_PER_BATCH) as u64;
+    // A batch count too large to finish meets the deadline; it must not overflow on the way.
+    let trips = (batches as u64).saturating_mul(TRIPS_PER_BATCH as u64);
     let late = ProbeError::Timeout {
         a,
         b,
@@ -144,11 +145,11 @@ pub fn round_trip(
     let (asked, answered) = std::thread::scope(|scope| {
         let asker = scope.spawn(|| {
             side(&shared, a, || {
-                let mut per_batch = Vec::with_capacity(batches);
+                let mut per_batch = Vec::with_capacity(batches.min(1 << 16));
                 for batch in 0..batches as u64 {
                     let start = Instant::now();
-                    let first = batch * TRIPS_PER_BATCH as u64;
-                    for i in first..first + TRIPS_PER_BATCH as u64 {
+                    let first = batch.saturating_mul(TRIPS_PER_BATCH as u64);
+                    for i in first..first.saturating_add(TRIPS_PER_BATCH as u64) {
                         shared.line.0.store(2 * i + 1, Ordering::Release);
                         await_value(&shared, 2 * i + 2, deadline, &late)?;
                     }
@@ -212,6 +213,24 @@ mod tests {
             r.median_ns.is_finite() && r.median_ns > 0.0,
             "{}",
             r.median_ns
+        );
+    }
+
+    #[test]
+    fn a_batch_count_too_large_to_finish_ends_at_the_deadline() {
+        let Some((a, b)) = two_cpus() else {
+            eprintln!("skipped: this process may use fewer than two CPUs");
+            return;
+        };
+        let timeout = Duration::from_millis(300);
+        let r = round_trip(a, b, usize::MAX, timeout);
+        assert_eq!(
+            r,
+            Err(ProbeError::Timeout {
+                a,
+                b,
+                after: timeout
+            })
         );
     }
 
