@@ -35,8 +35,9 @@
 //!   twice the memory traffic of the all-reduce at 2 ranks, whatever the algorithm, so at 16 MiB their busbw
 //!   trails all-reduce's; in cache (1 MiB) they run at or above it. `scripts/floors.c` measures each floor on
 //!   the machine at hand: on the development machine (2026-11-23) the all-gather and reduce-scatter floors at
-//!   16 MiB were 0.59 of the all-reduce's, and each collective ran at 0.51-0.57 of its own floor. (An ordinary store to a cold line also reads
-//!   it first; outputs of 8 MiB and more are written with non-temporal stores, which do not.)
+//!   16 MiB were 0.59 of the all-reduce's, and each collective ran at 0.51-0.57 of its own floor. (An ordinary
+//!   store to a cold line also reads it first; outputs of 8 MiB and more are written with non-temporal stores,
+//!   which do not.)
 //! - **Every size waits on lines crossing between cores.** A peer's publication reaches a rank one cache line at
 //!   a time, and a core keeps only so many such transfers in flight, so the transport's throughput follows the
 //!   core-to-core latency. On a virtual machine that latency is the host's choice and can change by several
@@ -218,11 +219,16 @@ pub fn rank_cpus(placement: Placement, ranks: usize) -> Option<Vec<usize>> {
     (cpus.len() == ranks).then_some(cpus)
 }
 
-/// Binds the calling thread to `cpu`.
-fn bind_to(cpu: usize, comm: &str, rank: usize) -> Result<(), CommError> {
+/// Binds the calling thread to `cpu` alone (the rank threads here, the probe threads of [`core_to_core`]).
+fn bind_current_thread(cpu: usize) -> rustix::io::Result<()> {
     let mut set = rustix::thread::CpuSet::new();
     set.set(cpu);
-    rustix::thread::sched_setaffinity(None, &set).map_err(|e| CommError::InvalidArgument {
+    rustix::thread::sched_setaffinity(None, &set)
+}
+
+/// Binds the calling rank thread to `cpu`.
+fn bind_to(cpu: usize, comm: &str, rank: usize) -> Result<(), CommError> {
+    bind_current_thread(cpu).map_err(|e| CommError::InvalidArgument {
         comm: comm.to_owned(),
         what: format!(
             "cannot bind rank {rank}'s thread to CPU {cpu}: {e} (Placement::Free skips binding)"

@@ -300,11 +300,13 @@ const CORE_TO_CORE_BATCHES: usize = 200;
 /// The two CPUs whose core-to-core round trip is reported: ranks 0 and 1's when bound, otherwise the first two
 /// this process may use; `None` with fewer than two.
 fn probe_cpus(bound: Option<&[usize]>) -> Option<(usize, usize)> {
-    let cpus = match bound {
-        Some(c) if c.len() >= 2 => c.to_vec(),
-        _ => bench::rank_cpus(Placement::OneCpuEach, 2)?,
-    };
-    Some((cpus[0], cpus[1]))
+    match bound {
+        Some(&[a, b, ..]) => Some((a, b)),
+        _ => match bench::rank_cpus(Placement::OneCpuEach, 2)?.as_slice() {
+            &[a, b] => Some((a, b)),
+            _ => None,
+        },
+    }
 }
 
 /// The median core-to-core round trip in ns between `cpus`, `None` when there are no two CPUs to measure.

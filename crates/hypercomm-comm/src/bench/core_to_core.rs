@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::median;
+use super::{bind_current_thread, median};
 
 /// Round trips timed together; the median over batches is reported, which ignores batches the scheduler
 /// interrupted.
@@ -89,20 +89,15 @@ fn await_value(
     Ok(())
 }
 
-fn bind(cpu: usize) -> Result<(), Stop> {
-    let mut set = rustix::thread::CpuSet::new();
-    set.set(cpu);
-    rustix::thread::sched_setaffinity(None, &set).map_err(|e| {
+/// Runs one side of the probe on its own thread bound to `cpu`; on failure, tells the other side.
+fn side<T>(shared: &Shared, cpu: usize, body: impl FnOnce() -> Result<T, Stop>) -> Result<T, Stop> {
+    let bound = bind_current_thread(cpu).map_err(|e| {
         Stop::Failed(ProbeError::Bind {
             cpu,
             error: e.to_string(),
         })
-    })
-}
-
-/// Runs one side of the probe on its own thread bound to `cpu`; on failure, tells the other side.
-fn side<T>(shared: &Shared, cpu: usize, body: impl FnOnce() -> Result<T, Stop>) -> Result<T, Stop> {
-    let r = bind(cpu).and_then(|()| body());
+    });
+    let r = bound.and_then(|()| body());
     if r.is_err() {
         shared.abandoned.0.store(1, Ordering::Release);
     }
