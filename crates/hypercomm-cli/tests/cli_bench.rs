@@ -1,7 +1,11 @@
 //! `hypercomm bench` end to end: the host table and JSON, usage errors, and the nccl backend (which runs where a
 //! GPU is and otherwise says what is missing).
 
+mod scratch_support;
+
 use std::process::{Command, Output};
+
+use scratch_support::Scratch;
 
 fn hypercomm(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hypercomm"))
@@ -14,16 +18,16 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("hypercomm-cli-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A fresh scratch directory for one test, removed when the test ends.
+fn scratch(test: &str) -> Scratch {
+    Scratch::new("bench", test)
 }
 
 #[test]
 fn host_bench_prints_a_row_per_size_and_writes_json_and_a_plot() {
-    let json = scratch("host.json");
-    let svg = scratch("host.svg");
+    let dir = scratch("host");
+    let json = dir.join("host.json");
+    let svg = dir.join("host.svg");
     let out = hypercomm(&[
         "bench",
         "-n",
@@ -133,7 +137,8 @@ fn host_bench_prints_a_row_per_size_and_writes_json_and_a_plot() {
 
 #[test]
 fn unpinned_host_bench_lets_the_threads_float_and_says_so() {
-    let json = scratch("unpinned.json");
+    let dir = scratch("unpinned");
+    let json = dir.join("unpinned.json");
     let out = hypercomm(&[
         "bench",
         "--sizes",
@@ -159,7 +164,8 @@ fn unpinned_host_bench_lets_the_threads_float_and_says_so() {
 
 #[test]
 fn huge_page_buffers_are_asked_for_and_recorded() {
-    let json = scratch("huge.json");
+    let dir = scratch("huge");
+    let json = dir.join("huge.json");
     let out = hypercomm(&[
         "bench",
         "--sizes",
@@ -217,7 +223,8 @@ fn bad_arguments_exit_with_status_2_and_say_which() {
 
 #[test]
 fn nccl_bench_runs_on_a_gpu_or_says_what_is_missing() {
-    let json = scratch("nccl.json");
+    let dir = scratch("nccl");
+    let json = dir.join("nccl.json");
     let out = hypercomm(&[
         "bench",
         "--backend",
@@ -264,11 +271,8 @@ fn nccl_bench_runs_end_to_end_on_the_fake_driver() {
     let lib = deps.join("libfake_gpu.so");
     assert!(lib.exists(), "{} is missing", lib.display());
     let dir = scratch("fake-driver");
-    std::fs::create_dir_all(&dir).unwrap();
-    let cuda = dir.join("libcuda.so");
-    let _ = std::fs::remove_file(&cuda);
-    std::os::unix::fs::symlink(&lib, &cuda).unwrap();
-    let json = scratch("fake.json");
+    std::os::unix::fs::symlink(&lib, dir.join("libcuda.so")).unwrap();
+    let json = dir.join("fake.json");
     let out = Command::new(env!("CARGO_BIN_EXE_hypercomm"))
         .args([
             "bench",
@@ -287,7 +291,7 @@ fn nccl_bench_runs_end_to_end_on_the_fake_driver() {
             "--json",
             json.to_str().unwrap(),
         ])
-        .env("LD_LIBRARY_PATH", &dir)
+        .env("LD_LIBRARY_PATH", &*dir)
         .env("NCCL_LIBRARY", &lib)
         .output()
         .unwrap();
@@ -319,10 +323,9 @@ fn collection_bench_builds_nccl_communicators_on_the_fake_driver() {
     let lib = deps.join("libfake_gpu.so");
     assert!(lib.exists(), "{} is missing", lib.display());
     let dir = scratch("fake-collection");
-    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("exchange")).unwrap();
     std::os::unix::fs::symlink(&lib, dir.join("libcuda.so")).unwrap();
-    let json = scratch("fake-collection.json");
+    let json = dir.join("fake-collection.json");
     let out = Command::new(env!("CARGO_BIN_EXE_hypercomm"))
         .args([
             "bench",
@@ -333,7 +336,7 @@ fn collection_bench_builds_nccl_communicators_on_the_fake_driver() {
             "1",
         ])
         .args(["--json", json.to_str().unwrap()])
-        .env("LD_LIBRARY_PATH", &dir)
+        .env("LD_LIBRARY_PATH", &*dir)
         .env("NCCL_LIBRARY", &lib)
         .env("FAKE_GPU_DEVICES", "8")
         .env("FAKE_NCCL_DIR", dir.join("exchange"))
@@ -357,12 +360,12 @@ fn collection_bench_builds_nccl_communicators_on_the_fake_driver() {
     // Every NCCL communicator was destroyed by every rank when the collections were dropped.
     let left = std::fs::read_dir(dir.join("exchange")).unwrap().count();
     assert_eq!(left, 0, "fake nccl communicators left behind");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn collection_bench_runs_ranks_as_processes() {
-    let json = scratch("collection-processes.json");
+    let dir = scratch("collection-processes");
+    let json = dir.join("collection-processes.json");
     let out = hypercomm(&[
         "bench",
         "--collection",

@@ -1,9 +1,12 @@
 //! The `hypercomm plan` and `hypercomm layout --render` contracts: rankings on the shipped example clusters,
 //! traffic overrides that change the winner, pictures that are real SVG and PNG files, exit status 2 on bad input.
 
+mod scratch_support;
+
 use std::path::PathBuf;
 use std::process::Command;
 
+use scratch_support::Scratch;
 use serde_json::Value;
 
 fn hypercomm(args: &[&str]) -> std::process::Output {
@@ -37,13 +40,9 @@ fn usage_error(args: &[&str], needle: &str) {
     assert!(err.contains(needle), "{err}");
 }
 
-/// A fresh scratch directory for one test.
-fn scratch(test: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("hypercomm-cli-plan-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh scratch directory for one test, removed when the test ends.
+fn scratch(test: &str) -> Scratch {
+    Scratch::new("plan", test)
 }
 
 #[test]
