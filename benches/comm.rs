@@ -28,6 +28,7 @@ fn main() {
             max_iters: if smoke { 5 } else { 500 },
             placement: Placement::OneCpuEach,
             huge_pages: false,
+            symmetric: false,
         };
         let results = match run(&config, &|_| {}) {
             Ok(r) => r,

@@ -32,6 +32,7 @@ fn rank_process() {
         timeout: Duration::from_secs(60),
         force_tcp: tcp,
         scratch_bytes: (role == "matrix").then_some(SMALL_SCRATCH),
+        symmetric_bytes: if role == "symmetric" { 4 << 20 } else { 0 },
         ..CommOptions::named(role.clone())
     };
     let comm = Communicator::world(
@@ -57,6 +58,25 @@ fn rank_process() {
         }
         "matrix" => {
             full_matrix(&comm);
+            println!("rank {rank} ok");
+        }
+        "symmetric" => {
+            // Each rank's buffer holds rank-dependent values; the peers read them from this process's window.
+            for len in [0, 3, 1000, 100_000, 300_001] {
+                let mine: Vec<f32> = (0..len).map(|i| ((rank * 7 + i) % 13) as f32).collect();
+                let mut buf = comm.symmetric_buffer(len, 0.0f32).unwrap();
+                assert_eq!(buf.is_shared(), !tcp);
+                buf.copy_from_slice(&mine);
+                let got = comm
+                    .all_reduce_symmetric(buf, ReduceOp::Sum)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                let want: Vec<f32> = (0..len)
+                    .map(|i| (0..size).map(|r| ((r * 7 + i) % 13) as f32).sum())
+                    .collect();
+                assert_eq!(&got[..], &want[..], "len {len}");
+            }
             println!("rank {rank} ok");
         }
         "memfd" => {
@@ -205,6 +225,15 @@ fn processes_share_one_anonymous_segment() {
         })
         .collect();
     assert!(inodes.iter().all(|i| *i == inodes[0]), "{inodes:?}");
+}
+
+/// Symmetric buffers with ranks as processes: read in place from the other processes' windows under shared
+/// memory, through the ordinary algorithms under TCP.
+#[test]
+fn processes_all_reduce_symmetric_buffers() {
+    for (n, tcp) in [(2, false), (3, false), (2, true)] {
+        run_processes("symmetric", n, tcp);
+    }
 }
 
 /// The whole collective matrix (every collective x type x reduction x size, forced algorithms, 1 MiB+ buffers) with

@@ -196,6 +196,34 @@ fn huge_page_buffers_are_asked_for_and_recorded() {
 }
 
 #[test]
+fn symmetric_buffers_are_benchmarked_and_recorded() {
+    let dir = scratch("symmetric");
+    let json = dir.join("symmetric.json");
+    let out = hypercomm(&[
+        "bench",
+        "--sizes",
+        "1KiB:1MiB",
+        "--iters",
+        "5",
+        "--symmetric",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("# buffers: symmetric, in each rank's window"),
+        "{stdout}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["buffers"], "symmetric");
+    let rows = doc["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 11, "1 KiB to 1 MiB doubling: {doc}");
+    assert!(rows.iter().all(|r| r["busbw_GBps"].as_f64().unwrap() > 0.0));
+}
+
+#[test]
 fn bad_arguments_exit_with_status_2_and_say_which() {
     for (args, needle) in [
         (
@@ -212,6 +240,14 @@ fn bad_arguments_exit_with_status_2_and_say_which() {
         (
             vec!["bench", "--backend", "nccl", "--tcp"],
             "--tcp is a host transport",
+        ),
+        (
+            vec!["bench", "--op", "all_gather", "--symmetric"],
+            "not with --op all_gather",
+        ),
+        (
+            vec!["bench", "--symmetric", "--huge-pages"],
+            "not with --huge-pages",
         ),
     ] {
         let out = hypercomm(&args);

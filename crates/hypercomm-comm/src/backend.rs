@@ -4,8 +4,11 @@
 //! calls these methods on its progress thread, one at a time in issue order. A backend may therefore assume
 //! well-formed local arguments; it must still detect ranks that disagree with each other.
 
+use std::sync::Arc;
+
 use crate::CommError;
 use crate::element::{DType, ReduceOp};
+use crate::symmetric::Windows;
 
 /// Where a collective reads and writes.
 pub(crate) enum Io<'a> {
@@ -66,6 +69,17 @@ pub(crate) trait Backend: Send {
         tag: u64,
     ) -> Result<(), CommError>;
     fn barrier(&mut self) -> Result<(), CommError>;
+    /// In-place all-reduce of the symmetric buffers of `bytes` at byte `offset` of every rank's window (the
+    /// windows [`symmetric_windows`](Self::symmetric_windows) returns, which must exist).
+    fn all_reduce_symmetric(
+        &mut self,
+        offset: usize,
+        bytes: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), CommError>;
+    /// The symmetric windows, when the options asked for them.
+    fn symmetric_windows(&self) -> Option<Arc<Windows>>;
     /// Gives up: tells the peers (so their waits fail at once) and releases transport resources.
     fn abort(&mut self);
     /// Fault injection for tests: drops the connection to `peer`, if the backend has one.

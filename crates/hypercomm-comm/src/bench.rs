@@ -255,6 +255,10 @@ pub struct BenchConfig {
     /// pages) instead of plain `vec!`; a kernel that refuses the advice fails the run rather than measuring
     /// ordinary pages under the wrong name.
     pub huge_pages: bool,
+    /// All-reduce only: run [`Communicator::all_reduce_symmetric`] on a
+    /// [`SymmetricBuffer`](crate::SymmetricBuffer), which the ranks read in place, instead of
+    /// [`Communicator::all_reduce`] on a vector. The communicator gets a window as large as the largest size.
+    pub symmetric: bool,
 }
 
 /// Timed iterations for a size: enough to move about 256 MiB, between 5 and `max`.
@@ -268,6 +272,25 @@ pub fn run(
     progress: &(dyn Fn(&BenchResult) + Sync),
 ) -> Result<Vec<BenchResult>, CommError> {
     let n = config.ranks;
+    let mut options = config.options.clone();
+    if config.symmetric {
+        if config.op != BenchOp::AllReduce || config.huge_pages {
+            return Err(CommError::InvalidArgument {
+                comm: options.name,
+                what: format!(
+                    "symmetric buffers are benchmarked for all_reduce on their own window, not {}{}",
+                    config.op.name(),
+                    if config.huge_pages {
+                        " with huge pages"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+        options.symmetric_bytes = config.sizes.iter().copied().max().unwrap_or(0).max(1);
+    }
+    let options = &options;
     let store = Arc::new(MemoryStore::new());
     let cpus = rank_cpus(config.placement, n);
     std::thread::scope(|scope| {
@@ -279,13 +302,8 @@ pub fn run(
                     if let Some(cpu) = cpu {
                         bind_to(cpu, &config.options.name, me)?;
                     }
-                    let comm = Communicator::world(
-                        BackendKind::Host,
-                        store,
-                        n,
-                        me,
-                        config.options.clone(),
-                    )?;
+                    let comm =
+                        Communicator::world(BackendKind::Host, store, n, me, options.clone())?;
                     let mut results = Vec::new();
                     for &bytes in &config.sizes {
                         let r = measure(&comm, config, bytes)?;
@@ -326,6 +344,28 @@ fn measure(
     let n = comm.size();
     let op = config.op;
     let (input_len, output_len) = op.buffer_lens(bytes, n);
+    let iters = iterations(bytes, config.max_iters);
+    if config.symmetric {
+        let mut buf = Some(comm.symmetric_buffer(input_len, 1.0f32)?);
+        let times = time_iterations(comm, iters, |start| {
+            // `buf` is always Some here: each iteration puts back what the previous one took.
+            let Some(taken) = buf.take() else {
+                return Ok(start.elapsed());
+            };
+            let mut done = comm.all_reduce_symmetric(taken, ReduceOp::Sum)?.wait()?;
+            let took = start.elapsed();
+            done.fill(1.0);
+            buf = Some(done);
+            Ok(took)
+        })?;
+        return Ok(BenchResult::new(
+            op,
+            n,
+            input_len,
+            median(&times).unwrap_or(Duration::ZERO).as_secs_f64() * 1e6,
+            comm.transport(),
+        ));
+    }
     let alloc = |len: usize, value: f32| {
         if !config.huge_pages {
             return Ok(vec![value; len]);
@@ -342,32 +382,29 @@ fn measure(
     };
     let mut input = alloc(input_len, 1.0)?;
     let mut output = alloc(output_len, 0.0)?;
-    let iters = iterations(bytes, config.max_iters);
-    let warmup = 2.max(iters / 10);
-    let mut times = Vec::with_capacity(iters);
-    for i in 0..warmup + iters {
-        comm.barrier()?.wait()?;
-        let start = Instant::now();
+    let times = time_iterations(comm, iters, |start| {
+        // Each operation takes the buffers and gives them back; an empty vector holds their place meanwhile.
+        let (input, output) = (&mut input, &mut output);
+        let (i, o) = (std::mem::take(input), std::mem::take(output));
         match op {
-            BenchOp::AllReduce => input = comm.all_reduce(input, ReduceOp::Sum)?.wait()?,
-            BenchOp::Broadcast => input = comm.broadcast(input, 0)?.wait()?,
-            BenchOp::Reduce => input = comm.reduce(input, ReduceOp::Sum, 0)?.wait()?,
-            BenchOp::AllGather => (input, output) = comm.all_gather_into(input, output)?.wait()?,
-            BenchOp::ReduceScatter => {
-                (input, output) = comm
-                    .reduce_scatter_into(input, output, ReduceOp::Sum)?
-                    .wait()?
+            BenchOp::AllReduce => {
+                (*input, *output) = (comm.all_reduce(i, ReduceOp::Sum)?.wait()?, o)
             }
-            BenchOp::AllToAll => (input, output) = comm.all_to_all_into(input, output)?.wait()?,
+            BenchOp::Broadcast => (*input, *output) = (comm.broadcast(i, 0)?.wait()?, o),
+            BenchOp::Reduce => (*input, *output) = (comm.reduce(i, ReduceOp::Sum, 0)?.wait()?, o),
+            BenchOp::AllGather => (*input, *output) = comm.all_gather_into(i, o)?.wait()?,
+            BenchOp::ReduceScatter => {
+                (*input, *output) = comm.reduce_scatter_into(i, o, ReduceOp::Sum)?.wait()?
+            }
+            BenchOp::AllToAll => (*input, *output) = comm.all_to_all_into(i, o)?.wait()?,
         }
-        if i >= warmup {
-            times.push(start.elapsed());
-        }
+        let took = start.elapsed();
         if op == BenchOp::AllReduce || op == BenchOp::Reduce {
             // Keep the values bounded so that repeated sums never overflow to infinity.
             input.fill(1.0);
         }
-    }
+        Ok(took)
+    })?;
     Ok(BenchResult::new(
         op,
         n,
@@ -375,6 +412,26 @@ fn measure(
         median(&times).unwrap_or(Duration::ZERO).as_secs_f64() * 1e6,
         comm.transport(),
     ))
+}
+
+/// Runs `step` for some warm-up iterations and then `iters` timed ones, each after a barrier so that all ranks
+/// start together; the timed iterations' durations. `step` gets the time its iteration starts and returns how
+/// long its collective took, so that what it does afterwards (refilling a buffer) stays out of the figure.
+fn time_iterations(
+    comm: &Communicator,
+    iters: usize,
+    mut step: impl FnMut(Instant) -> Result<Duration, CommError>,
+) -> Result<Vec<Duration>, CommError> {
+    let warmup = 2.max(iters / 10);
+    let mut times = Vec::with_capacity(iters);
+    for i in 0..warmup + iters {
+        comm.barrier()?.wait()?;
+        let took = step(Instant::now())?;
+        if i >= warmup {
+            times.push(took);
+        }
+    }
+    Ok(times)
 }
 
 /// The median of `values`: the middle one of an odd count, the upper of the two middle ones of an even count (so
@@ -450,6 +507,7 @@ mod tests {
                 max_iters: 5,
                 placement,
                 huge_pages: false,
+                symmetric: false,
             };
             let seen = std::sync::Mutex::new(Vec::new());
             run(&config, &|_| *seen.lock().unwrap() = affinity()).unwrap();
@@ -469,6 +527,7 @@ mod tests {
             max_iters: 5,
             placement: Placement::OneCpuEach,
             huge_pages: false,
+            symmetric: false,
         };
         let seen = std::sync::Mutex::new(0);
         let results = run(&config, &|_| *seen.lock().unwrap() += 1).unwrap();
@@ -481,6 +540,28 @@ mod tests {
             results
                 .iter()
                 .all(|r| r.time_us > 0.0 && r.busbw_gbps > 0.0)
+        );
+        // The same sizes on symmetric buffers, and the one collective they are benchmarked for.
+        let symmetric = BenchConfig {
+            op: BenchOp::AllReduce,
+            symmetric: true,
+            options: CommOptions::named("bench-test-symmetric"),
+            ..config.clone()
+        };
+        let results = run(&symmetric, &|_| {}).unwrap();
+        assert_eq!(results.len(), 2);
+        let err = run(
+            &BenchConfig {
+                symmetric: true,
+                ..config
+            },
+            &|_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("for all_reduce on their own window, not all_gather"),
+            "{err}"
         );
     }
 }

@@ -37,6 +37,7 @@ mod reduce;
 mod shrink;
 mod steps;
 mod strided;
+pub mod symmetric;
 mod work;
 
 pub use communicator::{Communicator, InOut, Splits};
@@ -46,6 +47,7 @@ pub use failure::FailureDomain;
 pub use nccl_options::NcclOptions;
 pub use options::{Algorithm, BackendKind, CommOptions};
 pub use steps::{Step, StepHook};
+pub use symmetric::SymmetricBuffer;
 pub use work::Work;
 
 /// Bytes each rank may read from its peers in one host all-reduce before the selector switches from the latency

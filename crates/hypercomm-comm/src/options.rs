@@ -65,6 +65,11 @@ pub struct CommOptions {
     /// Host backend: bytes of staging area per rank and round (default 1 MiB); large messages are pipelined
     /// through it in pieces.
     pub scratch_bytes: Option<usize>,
+    /// Host backend: bytes of each rank's symmetric window (default 0: none), from which
+    /// [`Communicator::symmetric_buffer`](crate::Communicator::symmetric_buffer) allocates buffers that every rank
+    /// on the host can read in place (see [`symmetric`](crate::symmetric)). Rounded up to a 4 KiB page. Memory is
+    /// taken only as pages are touched.
+    pub symmetric_bytes: usize,
     /// NCCL's knobs: honoured by the NCCL backend, refused by the host backend when set.
     pub nccl: NcclOptions,
     /// Where the communicator records failures and which communicators fail with it (see [`FailureDomain`]).
@@ -92,6 +97,7 @@ impl CommOptions {
             host_addr: None,
             algorithm: Algorithm::Auto,
             scratch_bytes: None,
+            symmetric_bytes: 0,
             nccl: NcclOptions::default(),
             failure_domain: None,
             on_step: None,
@@ -113,7 +119,7 @@ impl CommOptions {
     }
 
     /// These options for the device half of a process group: named `<name>/device`, with the host-only knobs
-    /// (`force_tcp`, `algorithm`, `scratch_bytes`) unset.
+    /// (`force_tcp`, `algorithm`, `scratch_bytes`, `symmetric_bytes`) unset.
     ///
     /// ```
     /// use hypercomm_comm::CommOptions;
@@ -130,6 +136,7 @@ impl CommOptions {
             force_tcp: false,
             algorithm: Algorithm::Auto,
             scratch_bytes: None,
+            symmetric_bytes: 0,
             ..self.clone()
         }
     }

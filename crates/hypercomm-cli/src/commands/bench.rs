@@ -63,6 +63,10 @@ pub struct Args {
     /// kernel to back them with 2 MiB pages, instead of plain vectors.
     #[arg(long)]
     huge_pages: bool,
+    /// Host, all_reduce: all-reduce a symmetric buffer (`Communicator::all_reduce_symmetric`), which the ranks
+    /// read in place from each other's windows, instead of a vector staged through the shared slots.
+    #[arg(long)]
+    symmetric: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -177,6 +181,16 @@ pub fn run(args: Args) -> Result<(), CliError> {
     }
     let ranks = args.ranks.unwrap_or(2);
     let sizes = parse_sizes(&args.sizes)?;
+    if args.symmetric && (op != BenchOp::AllReduce || args.huge_pages) {
+        return Err(CliError::Usage(format!(
+            "--symmetric runs all_reduce on buffers in the communicator's shared window: not with {}",
+            if args.huge_pages {
+                "--huge-pages".to_owned()
+            } else {
+                format!("--op {}", op.name())
+            }
+        )));
+    }
     let config = BenchConfig {
         op,
         ranks,
@@ -193,6 +207,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             Placement::OneCpuEach
         },
         huge_pages: args.huge_pages,
+        symmetric: args.symmetric,
     };
     let cpus = bench::rank_cpus(config.placement, ranks);
     println!(
@@ -209,6 +224,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
         "# buffers: {}",
         if args.huge_pages {
             "advised to use 2 MiB pages (--huge-pages)"
+        } else if args.symmetric {
+            "symmetric, in each rank's window of the shared segment (--symmetric)"
         } else {
             "plain vectors"
         }
@@ -267,6 +284,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
         });
         let buffers = if args.huge_pages {
             "huge-page advice"
+        } else if args.symmetric {
+            "symmetric"
         } else {
             "plain"
         };

@@ -17,6 +17,7 @@
 mod collectives;
 mod engine;
 mod lane;
+mod symmetric;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -73,6 +74,8 @@ pub struct Communicator {
     domain: Arc<FailureDomain>,
     splits: AtomicU64,
     shrinks: AtomicU64,
+    /// The symmetric windows, when the options ask for them (see [`crate::symmetric`]).
+    windows: Option<Arc<crate::symmetric::Windows>>,
 }
 
 /// What a communicator shares with its [`FailureDomain`]: enough to abort it from another communicator's
@@ -153,6 +156,7 @@ impl Communicator {
             ),
         };
         let transport = backend.transport_name();
+        let windows = backend.symmetric_windows();
         let broken = Arc::new(Mutex::new(None));
         let engine = Engine {
             backend,
@@ -179,6 +183,7 @@ impl Communicator {
             domain,
             splits: AtomicU64::new(0),
             shrinks: AtomicU64::new(0),
+            windows,
         })
     }
 

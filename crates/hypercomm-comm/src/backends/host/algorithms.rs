@@ -28,6 +28,7 @@ use crate::element::{DType, ReduceOp};
 use crate::error::Call;
 use crate::options::Algorithm;
 use crate::reduce::{ReduceFault, Src, reduce};
+use crate::symmetric::Windows;
 
 /// The latency path's budget: bytes each rank may read from peers in one all-reduce (see the module docs).
 pub(crate) const LATENCY_READ_LIMIT: usize = 256 * 1024;
@@ -40,6 +41,15 @@ pub(crate) const LATENCY_READ_LIMIT: usize = 256 * 1024;
 /// 1 MiB up, 8.73 / 8.59 / 8.63 / 6.51 / 4.71 GB/s busbw at 1 / 2 / 4 / 8 / 16 MiB against 8.26 / 7.77 / 7.87 /
 /// 5.51 / 4.19 without a cap, and faster than no cap in 5 to 7 of the 8 rounds at each size.
 pub(crate) const PIPELINE_PIECE_BYTES: usize = 256 * 1024;
+
+/// The in-place (symmetric) all-reduce's piece. Nothing is staged, so no slot bounds it; a round touches the piece
+/// in this rank's buffer and in the peers'. Measured on the 2-core development machine (2026-11-23 22:25 UTC,
+/// `hypercomm bench --backend host -n 2 --op all_reduce --sizes 512KiB:16MiB --symmetric`, twelve rounds
+/// alternating pieces of 256 KiB, 512 KiB, 1 MiB and 2 MiB, medians): 512 KiB was fastest or within 10% of the
+/// fastest at every size from 1 MiB up (1 / 4 / 16 MiB: 23.5 / 23.7 / 8.3 GB/s busbw, against 21.2 / 18.2 / 8.2
+/// with 256 KiB and 20.7 / 22.6 / 7.3 with 1 MiB); in an earlier sweep pieces of 64 and 128 KiB were slower at
+/// every size below 16 MiB.
+pub(crate) const SYMMETRIC_PIECE_BYTES: usize = 512 * 1024;
 
 /// Elements `[i * len / n, (i + 1) * len / n)`: the `i`-th of `n` nearly equal parts of `len`.
 pub(crate) fn part(len: usize, n: usize, i: usize) -> Range<usize> {
@@ -236,6 +246,99 @@ fn all_reduce_bandwidth(
             }
             Ok(())
         })?;
+    }
+    Ok(())
+}
+
+/// In-place all-reduce of the symmetric buffers at bytes `at` of every rank's window (see [`crate::symmetric`]).
+///
+/// Where the peers' windows are mapped (shared memory) and the buffer is past the latency path's size, rounds
+/// carry no data, only the barrier and the header check. The buffer goes in pieces; in round `t` each rank reduces
+/// its chunk of piece `t` from every rank's buffer into its own, and copies each peer's reduced chunk of piece
+/// `t - 1` out of that peer's buffer; one more round keeps every rank in until nobody reads its buffer. Per rank
+/// that is reading the data once and writing it once, as a local in-place pass would, plus the peers' chunks
+/// crossing between cores: no copy into a slot and out again.
+///
+/// Why the reads are safe: in round `t` a rank reads the peers' chunk `me` of piece `t`, which they write only in
+/// round `t + 1` (copying this rank's result in), after this rank arrived there; and their reduced chunks of piece
+/// `t - 1`, which they wrote in round `t - 1` and do not touch again. What it writes in round `t` (its chunk of
+/// piece `t`, the peers' chunks of piece `t - 1`) is what no peer reads in that round. Every write is published by
+/// the next round's arrival (a sequentially consistent store the readers load before reading).
+///
+/// Otherwise (private windows, one rank, a small buffer) the ordinary algorithm runs over this rank's buffer.
+pub(crate) fn all_reduce_symmetric(
+    cx: &mut Ctx<'_>,
+    win: &Windows,
+    at: Range<usize>,
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    let small = match cx.algorithm {
+        Algorithm::Latency => true,
+        Algorithm::Bandwidth => false,
+        Algorithm::Auto => at.len().saturating_mul(n - 1) <= LATENCY_READ_LIMIT,
+    };
+    let bases: Option<Vec<*const u8>> = (0..n).map(|r| win.of(r)).collect();
+    let own = win.own();
+    let (Some(bases), false, false) = (bases.filter(|_| win.is_shared()), n == 1, small) else {
+        // SAFETY: `at` is the range of the buffer whose collective this is (the caller's job owns it, so no
+        // reference to it exists elsewhere in this process), inside this rank's mapped window; the ordinary
+        // algorithms never read the peers' windows, so no peer reads it meanwhile.
+        let buf = unsafe { std::slice::from_raw_parts_mut(own.add(at.start), at.len()) };
+        return all_reduce(cx, buf, dtype, op);
+    };
+    let comm = cx.comm.to_owned();
+    let ps = pieces(at.len() / s, (SYMMETRIC_PIECE_BYTES / s).max(1));
+    // Bytes of rank `i`'s chunk of piece `p`, from the buffer's start.
+    let chunk = |p: &Range<usize>, i: usize| scale(shift(part(p.len(), n, i), p.start), s);
+    for t in 0..=ps.len() + 1 {
+        cx.run(
+            t as u64,
+            vec![],
+            &|_, _| vec![],
+            &[],
+            &mut [],
+            &mut |_, _| {
+                if let Some(p) = ps.get(t) {
+                    let mine = shift(chunk(p, me), at.start);
+                    let srcs: Vec<Src<'_>> = (0..n)
+                        .map(|r| {
+                            if r == me {
+                                Src::Out
+                            } else {
+                                // SAFETY: rank r's buffer lies at `at` of its mapped window, so does `mine`; r does
+                                // not write these bytes in this round (see the function docs).
+                                Src::Bytes(unsafe {
+                                    std::slice::from_raw_parts(bases[r].add(mine.start), mine.len())
+                                })
+                            }
+                        })
+                        .collect();
+                    // SAFETY: this rank's chunk of piece t in its own buffer, which no peer reads or writes in this
+                    // round, and no other reference in this process covers (the job owns the buffer).
+                    let out =
+                        unsafe { std::slice::from_raw_parts_mut(own.add(mine.start), mine.len()) };
+                    reduce(dtype, op, &srcs, out, n).map_err(|f| fault(&comm, f))?;
+                }
+                if let Some(p) = t.checked_sub(1).and_then(|i| ps.get(i)) {
+                    for r in (0..n).filter(|&r| r != me) {
+                        let theirs = shift(chunk(p, r), at.start);
+                        // SAFETY: rank r's reduced chunk of piece t - 1, which it finished before arriving at this
+                        // round and does not write again, copied into the same bytes of this rank's buffer, which no
+                        // peer touches in this round; the two windows are distinct, so the ranges do not overlap.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                bases[r].add(theirs.start),
+                                own.add(theirs.start),
+                                theirs.len(),
+                            );
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )?;
     }
     Ok(())
 }
@@ -744,5 +847,6 @@ pub(crate) fn header(
         root,
         count: count as u64,
         extra: 0,
+        window: None,
     }
 }

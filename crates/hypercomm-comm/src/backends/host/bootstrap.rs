@@ -31,6 +31,7 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::Instant;
 
 use hypercomm_store::{Key, Store, StoreError};
@@ -263,13 +264,21 @@ struct Joined {
     leader_pid: Option<u32>,
 }
 
-/// Connects rank `me` of `n`; returns the transport and its name.
+/// A connected rank: its transport, the transport's name, and under shared memory the segment (whose symmetric
+/// windows the communicator's user side shares).
+pub(crate) struct Connected {
+    pub transport: Box<dyn Transport>,
+    pub name: &'static str,
+    pub segment: Option<Arc<Segment>>,
+}
+
+/// Connects rank `me` of `n`.
 pub(crate) fn connect(
     store: &dyn Store,
     n: usize,
     me: usize,
     options: &CommOptions,
-) -> Result<(Box<dyn Transport>, &'static str), CommError> {
+) -> Result<Connected, CommError> {
     let name = options.name.as_str();
     let scratch = options.scratch_bytes.unwrap_or(DEFAULT_SCRATCH);
     let identity = host_identity();
@@ -335,8 +344,13 @@ pub(crate) fn connect(
         };
         return finish(store, n, me, options, scratch, joined);
     }
-    let (seg, fd): (Segment, OwnedFd) =
-        Segment::create(name, n, scratch, MAILBOX_BYTES.min(scratch))?;
+    let (seg, fd): (Segment, OwnedFd) = Segment::create(
+        name,
+        n,
+        scratch,
+        MAILBOX_BYTES.min(scratch),
+        options.symmetric_bytes,
+    )?;
     seg.rank_ctl(0)
         .pid
         .store(std::process::id(), std::sync::atomic::Ordering::SeqCst);
@@ -425,7 +439,7 @@ fn finish(
     options: &CommOptions,
     scratch: usize,
     joined: Joined,
-) -> Result<(Box<dyn Transport>, &'static str), CommError> {
+) -> Result<Connected, CommError> {
     finish_with(store, n, me, options, scratch, joined, || {})
 }
 
@@ -438,7 +452,7 @@ fn finish_with(
     scratch: usize,
     joined: Joined,
     decided: impl FnOnce(),
-) -> Result<(Box<dyn Transport>, &'static str), CommError> {
+) -> Result<Connected, CommError> {
     let name = options.name.as_str();
     let timeout = options.timeout;
     let Joined {
@@ -523,7 +537,7 @@ fn finish_with(
             transport,
         },
     );
-    let built: (Box<dyn Transport>, &'static str) = match decision {
+    let built = match decision {
         Decision::Shm => {
             let seg = segment.ok_or_else(|| {
                 protocol(
@@ -544,10 +558,18 @@ fn finish_with(
                     format!("rank {r} never attached to the shared-memory segment"),
                 ));
             }
-            (
-                Box::new(ShmTransport::new(seg, name.to_owned(), me, timeout, pids)),
-                "shm",
-            )
+            let seg = Arc::new(seg);
+            Connected {
+                transport: Box::new(ShmTransport::new(
+                    Arc::clone(&seg),
+                    name.to_owned(),
+                    me,
+                    timeout,
+                    pids,
+                )),
+                name: "shm",
+                segment: Some(seg),
+            }
         }
         decision => {
             // Dropping the segment unmaps it.
@@ -578,7 +600,11 @@ fn finish_with(
             };
             let peers = mesh::connect(name, n, me, own, leader, timeout)?;
             let tcp = TcpTransport::from_streams(peers, me, options, scratch)?;
-            (Box::new(tcp), "tcp")
+            Connected {
+                transport: Box::new(tcp),
+                name: "tcp",
+                segment: None,
+            }
         }
     };
     step(

@@ -25,10 +25,11 @@ pub(crate) enum OpKind {
     Scatter = 9,
     Barrier = 10,
     Send = 11,
+    AllReduceSymmetric = 12,
 }
 
 impl OpKind {
-    const ALL: [OpKind; 11] = [
+    const ALL: [OpKind; 12] = [
         OpKind::AllReduce,
         OpKind::Broadcast,
         OpKind::Reduce,
@@ -40,6 +41,7 @@ impl OpKind {
         OpKind::Scatter,
         OpKind::Barrier,
         OpKind::Send,
+        OpKind::AllReduceSymmetric,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -55,6 +57,7 @@ impl OpKind {
             OpKind::Scatter => "scatter",
             OpKind::Barrier => "barrier",
             OpKind::Send => "send",
+            OpKind::AllReduceSymmetric => "all_reduce_symmetric",
         }
     }
 }
@@ -62,7 +65,8 @@ impl OpKind {
 /// What an operation is, as every participating rank must agree on it.
 ///
 /// `count` is the per-rank element count the operation is defined by (the all-reduce length, the all-gather input
-/// length); `extra` carries a tag for point-to-point messages and the round's index within the operation.
+/// length); `extra` carries a tag for point-to-point messages and the round's index within the operation;
+/// `window` is where an operation on symmetric buffers finds them: their byte offset in every rank's window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Header {
     /// Collective sequence number on this communicator (point-to-point messages: per-pair message number).
@@ -73,16 +77,19 @@ pub(crate) struct Header {
     pub root: Option<usize>,
     pub count: u64,
     pub extra: u64,
+    pub window: Option<u64>,
 }
 
 impl Header {
     pub(crate) fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
+        // Word 7 stays free: the shared-memory transport keeps the payload length there. The element type and
+        // the reduction (small tags both) share word 2.
         let words: [u64; 7] = [
             self.seq,
             self.kind as u64,
-            self.dtype.map_or(0, |d| d as u64),
-            self.op.map_or(0, |o| o as u64),
+            self.dtype.map_or(0, |d| d as u64) | self.op.map_or(0, |o| o as u64) << 32,
+            self.window.unwrap_or(u64::MAX),
             self.root.map_or(u64::MAX, |r| r as u64),
             self.count,
             self.extra,
@@ -101,14 +108,15 @@ impl Header {
         };
         let kind_tag = word(1)?;
         let kind = OpKind::ALL.into_iter().find(|k| *k as u64 == kind_tag)?;
-        let dtype = match word(2)? {
+        let dtype = match word(2)? & u64::from(u32::MAX) {
             0 => None,
             t => Some(DType::from_tag(u32::try_from(t).ok()?)?),
         };
-        let op = match word(3)? {
+        let op = match word(2)? >> 32 {
             0 => None,
             t => Some(ReduceOp::ALL.into_iter().find(|o| *o as u64 == t)?),
         };
+        let window = Some(word(3)?).filter(|&w| w != u64::MAX);
         let root = match word(4)? {
             u64::MAX => None,
             r => Some(usize::try_from(r).ok()?),
@@ -121,6 +129,7 @@ impl Header {
             root,
             count: word(5)?,
             extra: word(6)?,
+            window,
         })
     }
 }
@@ -137,6 +146,9 @@ impl fmt::Display for Header {
         }
         if let Some(r) = self.root {
             write!(f, ", root={r}")?;
+        }
+        if let Some(w) = self.window {
+            write!(f, ", window offset={w}")?;
         }
         if self.kind == OpKind::Send {
             write!(f, ", tag={}", self.extra)?;
@@ -205,8 +217,20 @@ mod tests {
             root: None,
             count: 5,
             extra: 0,
+            window: None,
         };
         assert_eq!(Header::decode(&h.encode()), Some(h));
+        let symmetric = Header {
+            kind: OpKind::AllReduceSymmetric,
+            window: Some(4096),
+            extra: 3,
+            ..h
+        };
+        assert_eq!(Header::decode(&symmetric.encode()), Some(symmetric));
+        assert_eq!(
+            symmetric.to_string(),
+            "all_reduce_symmetric(#9, dtype=bf16, count=5, op=max, window offset=4096)"
+        );
         let other = Header { count: 6, ..h };
         let sides = disagreement(&[h, other, h]).unwrap();
         assert_eq!(

@@ -18,6 +18,8 @@ mod stream_copy;
 mod tcp;
 mod transport;
 
+use std::sync::Arc;
+
 use hypercomm_store::Store;
 
 use self::algorithms::{Ctx, header as op_header};
@@ -27,8 +29,10 @@ use crate::CommError;
 use crate::backend::{Backend, Io};
 use crate::element::{DType, ReduceOp};
 use crate::options::{Algorithm, CommOptions};
+use crate::symmetric::Windows;
 
 pub(crate) use algorithms::LATENCY_READ_LIMIT;
+pub(crate) use segment::Segment;
 
 /// Default bytes of staging area per rank and round.
 pub(crate) const DEFAULT_SCRATCH: usize = 1 << 20;
@@ -41,6 +45,8 @@ pub(crate) struct HostBackend {
     algorithm: Algorithm,
     /// Collectives issued so far; the next one's sequence number.
     seq: u64,
+    /// The symmetric windows, when the options ask for them.
+    windows: Option<Arc<Windows>>,
 }
 
 impl HostBackend {
@@ -51,13 +57,32 @@ impl HostBackend {
         me: usize,
         options: &CommOptions,
     ) -> Result<Self, CommError> {
-        let (transport, transport_name) = bootstrap::connect(store, n, me, options)?;
+        let connected = bootstrap::connect(store, n, me, options)?;
+        let windows = match (options.symmetric_bytes, connected.segment) {
+            (0, _) => None,
+            (bytes, Some(seg)) => {
+                // Rank 0 sized the windows from its options; ranks that asked for another size disagree.
+                if seg.window != bytes.next_multiple_of(4096) {
+                    return Err(CommError::InvalidArgument {
+                        comm: options.name.clone(),
+                        what: format!(
+                            "this rank asked for symmetric windows of {bytes} bytes, rank 0 made them {} \
+                             bytes: every rank must pass the same CommOptions::symmetric_bytes",
+                            seg.window
+                        ),
+                    });
+                }
+                Some(Windows::shared(&options.name, me, seg))
+            }
+            (bytes, None) => Some(Windows::private(&options.name, me, bytes)?),
+        };
         Ok(HostBackend {
-            transport,
-            transport_name,
+            transport: connected.transport,
+            transport_name: connected.name,
             comm: options.name.clone(),
             algorithm: options.algorithm,
             seq: 0,
+            windows: windows.map(Arc::new),
         })
     }
 
@@ -76,6 +101,18 @@ impl HostBackend {
             header: op_header(self.seq, kind, dtype, op, root, count),
             algorithm: self.algorithm,
         }
+    }
+
+    /// The symmetric windows, or an error saying the communicator has none.
+    fn windows(&self) -> Result<Arc<Windows>, CommError> {
+        self.windows
+            .clone()
+            .ok_or_else(|| CommError::InvalidArgument {
+                comm: self.comm.clone(),
+                what:
+                    "this communicator has no symmetric window (CommOptions::symmetric_bytes is 0)"
+                        .into(),
+            })
     }
 }
 
@@ -265,6 +302,29 @@ impl Backend for HostBackend {
 
     fn barrier(&mut self) -> Result<(), CommError> {
         algorithms::barrier(&mut self.ctx(OpKind::Barrier, None, None, None, 0))
+    }
+
+    fn all_reduce_symmetric(
+        &mut self,
+        offset: usize,
+        bytes: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let windows = self.windows()?;
+        let mut cx = self.ctx(
+            OpKind::AllReduceSymmetric,
+            Some(dtype),
+            Some(op),
+            None,
+            bytes / dtype.size(),
+        );
+        cx.header.window = Some(offset as u64);
+        algorithms::all_reduce_symmetric(&mut cx, &windows, offset..offset + bytes, dtype, op)
+    }
+
+    fn symmetric_windows(&self) -> Option<Arc<Windows>> {
+        self.windows.clone()
     }
 
     fn sever(&mut self, peer: usize) -> Result<(), CommError> {

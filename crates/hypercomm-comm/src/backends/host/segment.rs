@@ -9,6 +9,7 @@
 //! | [`MailCtl`] per ordered pair | 64 each | `sent`: sender, `taken`: receiver | both |
 //! | round buffers, 2 per rank | 64 + slot each | the owning rank | everyone, between barriers |
 //! | mailboxes, 1 per ordered pair | 64 + mailbox each | the sender | the receiver |
+//! | symmetric windows, 1 per rank (often empty) | window each, page aligned | the owning rank | everyone, inside operations on symmetric buffers |
 //!
 //! Lifetime: the segment is an anonymous `memfd`, with no name in any file system at any moment. Rank 0 creates it,
 //! seals its size (so no process can shrink it under another's mapping) and hands the descriptor to the ranks of
@@ -42,6 +43,8 @@ pub(crate) struct SegHeader {
     pub slot_bytes: AtomicU64,
     /// Payload bytes per mailbox. Creator writes once; joiners validate.
     pub mailbox_bytes: AtomicU64,
+    /// Bytes of every rank's symmetric window (see `crate::symmetric`). Creator writes once; joiners validate.
+    pub window_bytes: AtomicU64,
     /// 0, or 1 + the rank that aborted. Any rank writes (first writer wins); every waiter reads.
     pub aborted_by: AtomicU64,
     /// Bumped by any rank after it makes progress others may wait for; waiters sleep on it (futex).
@@ -83,11 +86,17 @@ pub(crate) struct Segment {
     pub n: usize,
     pub slot: usize,
     pub mailbox: usize,
+    pub window: usize,
 }
 
 // SAFETY: the raw pointer is into a mapping owned by the `Segment`; the segment is moved between threads as a
 // whole (to the progress thread) and all shared access goes through atomics or the round protocol.
 unsafe impl Send for Segment {}
+
+// SAFETY: `&Segment` hands out only atomics (sound to share) and raw pointers, whose every dereference is covered
+// by the round protocol, as it is between processes; the symmetric windows are shared with the communicator's
+// user side this way (see `crate::symmetric`).
+unsafe impl Sync for Segment {}
 
 #[derive(Clone, Copy)]
 struct Layout {
@@ -95,24 +104,35 @@ struct Layout {
     mail_ctl: usize,
     bufs: usize,
     mail: usize,
+    windows: usize,
     total: usize,
 }
+
+/// Alignment of the symmetric windows: a page, so that each starts where the kernel maps memory in.
+const WINDOW_ALIGN: usize = 4096;
 
 fn round_up(x: usize, to: usize) -> usize {
     x.div_ceil(to) * to
 }
 
-fn layout(n: usize, slot: usize, mailbox: usize) -> Option<Layout> {
+fn layout(n: usize, slot: usize, mailbox: usize, window: usize) -> Option<Layout> {
     let ctl = HEADER_REGION;
     let mail_ctl = ctl.checked_add(n.checked_mul(CTL)?)?;
     let bufs = mail_ctl.checked_add(n.checked_mul(n)?.checked_mul(CTL)?)?;
     let mail = bufs.checked_add(n.checked_mul(2)?.checked_mul(PREFIX + slot)?)?;
-    let total = mail.checked_add(n.checked_mul(n)?.checked_mul(PREFIX + mailbox)?)?;
+    let mail_end = mail.checked_add(n.checked_mul(n)?.checked_mul(PREFIX + mailbox)?)?;
+    let windows = mail_end.checked_next_multiple_of(WINDOW_ALIGN)?;
+    let total = if window == 0 {
+        mail_end
+    } else {
+        windows.checked_add(n.checked_mul(window)?)?
+    };
     Some(Layout {
         ctl,
         mail_ctl,
         bufs,
         mail,
+        windows,
         total,
     })
 }
@@ -128,18 +148,24 @@ impl Segment {
 
     /// Creates a new anonymous segment, sized and sealed, and maps it. Returns the descriptor to share with the
     /// peers (see `fdpass`); dropping it once they have theirs leaves the mappings as the only references.
+    /// `window` is each rank's symmetric window, rounded up to a page (0: none).
     pub(crate) fn create(
         comm: &str,
         n: usize,
         slot: usize,
         mailbox: usize,
+        window: usize,
     ) -> Result<(Segment, OwnedFd), CommError> {
         let slot = round_up(slot, 64);
         let mailbox = round_up(mailbox, 64);
-        let lay = layout(n, slot, mailbox).ok_or_else(|| CommError::InvalidArgument {
+        let lay = window
+            .checked_next_multiple_of(WINDOW_ALIGN)
+            .and_then(|window| Some((window, layout(n, slot, mailbox, window)?)));
+        let (window, lay) = lay.ok_or_else(|| CommError::InvalidArgument {
             comm: comm.to_owned(),
             what: format!(
-                "shared-memory segment for {n} ranks with {slot}-byte slots overflows usize"
+                "shared-memory segment for {n} ranks with {slot}-byte slots and {window}-byte symmetric \
+                 windows overflows usize"
             ),
         })?;
         let errno = |what: String| {
@@ -160,7 +186,7 @@ impl Segment {
         )))?;
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
             .map_err(errno("sealing the shared memory's size".into()))?;
-        let seg = Segment::map(comm, &fd, lay, n, slot, mailbox)?;
+        let seg = Segment::map(comm, &fd, lay, n, slot, mailbox, window)?;
         let h = seg.header();
         h.ranks
             .store(n as u64, std::sync::atomic::Ordering::Relaxed);
@@ -168,6 +194,8 @@ impl Segment {
             .store(slot as u64, std::sync::atomic::Ordering::Relaxed);
         h.mailbox_bytes
             .store(mailbox as u64, std::sync::atomic::Ordering::Relaxed);
+        h.window_bytes
+            .store(window as u64, std::sync::atomic::Ordering::Relaxed);
         h.magic.store(MAGIC, std::sync::atomic::Ordering::SeqCst);
         Ok((seg, fd))
     }
@@ -206,9 +234,10 @@ impl Segment {
             mail_ctl: 0,
             bufs: 0,
             mail: 0,
+            windows: 0,
             total: HEADER_REGION,
         };
-        let probe = Segment::map(comm, fd, header_only, 0, 0, 0)?;
+        let probe = Segment::map(comm, fd, header_only, 0, 0, 0, 0)?;
         let h = probe.header();
         use std::sync::atomic::Ordering::SeqCst;
         if h.magic.load(SeqCst) != MAGIC || h.ranks.load(SeqCst) != n as u64 {
@@ -216,17 +245,19 @@ impl Segment {
         }
         let slot = usize::try_from(h.slot_bytes.load(SeqCst)).unwrap_or(usize::MAX);
         let mailbox = usize::try_from(h.mailbox_bytes.load(SeqCst)).unwrap_or(usize::MAX);
+        let window = usize::try_from(h.window_bytes.load(SeqCst)).unwrap_or(usize::MAX);
         drop(probe);
-        let lay = layout(n, slot, mailbox)
+        let lay = layout(n, slot, mailbox, window)
             .filter(|l| l.total as u64 <= len)
             .ok_or_else(|| {
                 bad(format!(
                     "({len} bytes) is too small for its declared geometry"
                 ))
             })?;
-        Segment::map(comm, fd, lay, n, slot, mailbox)
+        Segment::map(comm, fd, lay, n, slot, mailbox, window)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn map(
         comm: &str,
         fd: &impl AsFd,
@@ -234,6 +265,7 @@ impl Segment {
         n: usize,
         slot: usize,
         mailbox: usize,
+        window: usize,
     ) -> Result<Segment, CommError> {
         let fd = fd.as_fd();
         // SAFETY: the descriptor is an anonymous memory file shared only with the ranks of this communicator (over
@@ -253,16 +285,18 @@ impl Segment {
             n,
             slot,
             mailbox,
+            window,
         })
     }
 
     fn lay(&self) -> Layout {
         // The geometry was validated when the segment was mapped.
-        layout(self.n, self.slot, self.mailbox).unwrap_or(Layout {
+        layout(self.n, self.slot, self.mailbox, self.window).unwrap_or(Layout {
             ctl: 0,
             mail_ctl: 0,
             bufs: 0,
             mail: 0,
+            windows: 0,
             total: 0,
         })
     }
@@ -300,6 +334,13 @@ impl Segment {
         }
     }
 
+    /// Start of rank `r`'s symmetric window, [`window`](Self::window) bytes, page aligned.
+    pub(crate) fn window(&self, r: usize) -> *mut u8 {
+        debug_assert!(r < self.n && self.window > 0);
+        // SAFETY: r < n keeps the offset inside the window region of the mapping (which exists when `window > 0`).
+        unsafe { self.base.add(self.lay().windows + r * self.window) }
+    }
+
     /// Start of the mailbox from `src` to `dst`: `PREFIX` bytes of header, then `mailbox` bytes of payload.
     pub(crate) fn mailbox(&self, src: usize, dst: usize) -> *mut u8 {
         debug_assert!(src < self.n && dst < self.n);
@@ -319,7 +360,7 @@ mod tests {
 
     #[test]
     fn a_mapping_from_the_descriptor_sees_the_creators_writes_and_its_size_is_sealed() {
-        let (created, fd) = Segment::create("seg", 3, 100, 64).unwrap();
+        let (created, fd) = Segment::create("seg", 3, 100, 64, 5000).unwrap();
         let joined = Segment::from_fd("seg", &fd, 3).unwrap();
         assert_eq!(
             (joined.slot, joined.mailbox),
@@ -331,6 +372,16 @@ mod tests {
         unsafe { created.buffer(1, 0).add(PREFIX).write(7) };
         // SAFETY: as above.
         assert_eq!(unsafe { joined.buffer(1, 0).add(PREFIX).read() }, 7);
+        // Windows are whole pages, after everything else, and the last one ends at the end of the file.
+        assert_eq!((joined.window, created.window), (8192, 8192));
+        assert_eq!(created.window(0) as usize % 4096, 0);
+        let end = created.window(2) as usize + 8192 - created.header() as *const _ as usize;
+        assert_eq!(end as u64, rustix::fs::fstat(&fd).unwrap().st_size as u64);
+        assert!(created.window(0) > created.mailbox(2, 2));
+        // SAFETY: the last byte of rank 2's window lies inside both mappings; nothing else touches it.
+        unsafe { created.window(2).add(8191).write(9) };
+        // SAFETY: as above.
+        assert_eq!(unsafe { joined.window(2).add(8191).read() }, 9);
         assert!(
             rustix::fs::ftruncate(&fd, 64).is_err(),
             "shrinking must be sealed"
@@ -339,7 +390,7 @@ mod tests {
 
     #[test]
     fn descriptors_that_are_not_a_sealed_segment_for_n_ranks_are_refused() {
-        let (_, fd) = Segment::create("seg", 2, 64, 64).unwrap();
+        let (_, fd) = Segment::create("seg", 2, 64, 64, 0).unwrap();
         let err = Segment::from_fd("seg", &fd, 3).err().unwrap().to_string();
         assert!(err.contains("not a hypercomm segment for 3 ranks"), "{err}");
         let loose = rustix::fs::memfd_create("loose", MemfdFlags::CLOEXEC).unwrap();

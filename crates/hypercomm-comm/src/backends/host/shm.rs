@@ -10,6 +10,7 @@
 //! ranks it waits for still have a live process.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
@@ -25,7 +26,7 @@ const SLEEP_SLICE: Duration = Duration::from_millis(2);
 
 /// Rounds and messages through one shared-memory [`Segment`].
 pub(crate) struct ShmTransport {
-    seg: Segment,
+    seg: Arc<Segment>,
     comm: String,
     rank: usize,
     timeout: Duration,
@@ -37,7 +38,7 @@ pub(crate) struct ShmTransport {
 
 impl ShmTransport {
     pub(crate) fn new(
-        seg: Segment,
+        seg: Arc<Segment>,
         comm: String,
         rank: usize,
         timeout: Duration,

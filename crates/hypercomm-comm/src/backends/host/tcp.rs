@@ -376,6 +376,7 @@ impl Transport for TcpTransport {
             root: None,
             count: 0,
             extra: 0,
+            window: None,
         };
         for s in self.peers.iter().flatten() {
             let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
