@@ -77,6 +77,31 @@ fn rank_process() {
                     .collect();
                 assert_eq!(&got[..], &want[..], "len {len}");
             }
+            // All-gather and reduce-scatter of 50 001 elements per rank, each rank's block from its window.
+            let block = 50_001;
+            let mut buf = comm.symmetric_buffer(size * block, 0u32).unwrap();
+            for i in 0..block {
+                buf[rank * block + i] = (rank * block + i) as u32;
+            }
+            let gathered = comm.all_gather_symmetric(buf).unwrap().wait().unwrap();
+            assert!(gathered.iter().enumerate().all(|(i, &x)| x == i as u32));
+            let mut buf = comm.symmetric_buffer(size * block, 0u32).unwrap();
+            buf.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = (i * (rank + 1)) as u32);
+            let scattered = comm
+                .reduce_scatter_symmetric(buf, ReduceOp::Sum)
+                .unwrap()
+                .wait()
+                .unwrap();
+            let factor: usize = (1..=size).sum();
+            for i in rank * block..(rank + 1) * block {
+                assert_eq!(
+                    scattered[i],
+                    (i * factor) as u32,
+                    "reduce_scatter index {i}"
+                );
+            }
             println!("rank {rank} ok");
         }
         "memfd" => {

@@ -1,5 +1,5 @@
-//! Symmetric buffers (`Communicator::symmetric_buffer`, `all_reduce_symmetric`): results bit-identical to the
-//! ordinary all-reduce for every reduction, several types, sizes on both sides of the latency limit and of a
+//! Symmetric buffers (`Communicator::symmetric_buffer` and the all-reduce, all-gather and reduce-scatter over
+//! them): results bit-identical to the ordinary in-place collectives for every reduction, several types, sizes on both sides of the latency limit and of a
 //! pipeline piece, 1 to 4 ranks, shared memory (read in place) and TCP (ordinary algorithms on the window);
 //! buffers reused across operations; and the errors: buffers allocated out of step, a window too small, none at
 //! all, a buffer from another communicator. Ranks are threads; `comm_processes.rs` runs them as processes.
@@ -36,6 +36,51 @@ fn same_as_ordinary<T: TestElem>(comm: &Communicator, op: ReduceOp, len: usize) 
     assert_close(&got, &expected::<T>(op, n, len), &what);
 }
 
+/// A whole buffer compared bit for bit, then against `want`.
+fn same_bits<T: TestElem>(got: &[T], ordinary: &[T], want: &[T], what: &str) {
+    assert!(
+        got.iter()
+            .zip(ordinary)
+            .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits()),
+        "{what}: symmetric and ordinary results differ"
+    );
+    assert_close(got, want, what);
+}
+
+/// In-place all-gather and reduce-scatter of `block` elements per rank, symmetric against ordinary: the whole
+/// buffers must agree (so the reduce-scatter's other blocks are left as they were on both).
+fn gather_and_scatter_like_ordinary<T: TestElem>(comm: &Communicator, op: ReduceOp, block: usize) {
+    let (n, me) = (comm.size(), comm.rank());
+    let what = format!("{:?} {op:?} n={n} block={block}", T::DTYPE);
+    // All-gather: block r holds rank r's values; this rank fills only its own.
+    let mut mine = vec![T::default(); n * block];
+    mine[me * block..(me + 1) * block].copy_from_slice(&values::<T>(op, me, block));
+    let mut buf = comm.symmetric_buffer(n * block, T::default()).unwrap();
+    buf.copy_from_slice(&mine);
+    let got = comm.all_gather_symmetric(buf).unwrap().wait().unwrap();
+    let ordinary = comm.all_gather(mine).unwrap().wait().unwrap();
+    let want: Vec<T> = (0..n).flat_map(|r| values::<T>(op, r, block)).collect();
+    same_bits(&got, &ordinary, &want, &format!("all_gather {what}"));
+    // Reduce-scatter: every rank contributes values over the whole buffer; block `me` gets the reduction.
+    let input = values::<T>(op, me, n * block);
+    let mut buf = comm.symmetric_buffer(n * block, T::default()).unwrap();
+    buf.copy_from_slice(&input);
+    let got = comm
+        .reduce_scatter_symmetric(buf, op)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let ordinary = comm
+        .reduce_scatter(input.clone(), op)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let mut want = input;
+    want[me * block..(me + 1) * block]
+        .copy_from_slice(&expected::<T>(op, n, n * block)[me * block..(me + 1) * block]);
+    same_bits(&got, &ordinary, &want, &format!("reduce_scatter {what}"));
+}
+
 fn matrix(n: usize, tcp: bool, algorithm: Algorithm) {
     let name = format!("sym-{n}-{tcp}-{algorithm:?}");
     on_threads(
@@ -54,12 +99,19 @@ fn matrix(n: usize, tcp: bool, algorithm: Algorithm) {
                 same_as_ordinary::<half::bf16>(&comm, ReduceOp::Avg, len);
                 same_as_ordinary::<u8>(&comm, ReduceOp::Max, len);
             }
+            for block in [0, 1, 7, 1000, 100_003] {
+                for op in ReduceOp::ALL {
+                    gather_and_scatter_like_ordinary::<f32>(&comm, op, block);
+                }
+                gather_and_scatter_like_ordinary::<i32>(&comm, ReduceOp::Sum, block);
+                gather_and_scatter_like_ordinary::<half::f16>(&comm, ReduceOp::Max, block);
+            }
         },
     );
 }
 
 #[test]
-fn results_match_the_ordinary_all_reduce_over_shared_memory() {
+fn results_match_the_ordinary_collectives_over_shared_memory() {
     for n in [1, 2, 3, 4] {
         matrix(n, false, Algorithm::Auto);
     }
@@ -73,7 +125,7 @@ fn small_buffers_forced_onto_the_in_place_path_are_right_too() {
 }
 
 #[test]
-fn results_match_the_ordinary_all_reduce_over_tcp() {
+fn results_match_the_ordinary_collectives_over_tcp() {
     for n in [1, 2, 3] {
         matrix(n, true, Algorithm::Auto);
     }
@@ -121,6 +173,61 @@ fn one_buffer_serves_many_operations_in_a_row() {
 }
 
 #[test]
+fn gathers_and_scatters_reuse_their_buffers_step_after_step() {
+    // Each step a rank rewrites its buffer for the next step the moment an operation returns, before it looks at
+    // the result: a rank that returned while a peer still read its buffer would hand that peer next step's values.
+    let block = 200_000;
+    on_threads(2, symmetric("sym-reuse-ag-rs", false), move |comm| {
+        let (n, me) = (comm.size(), comm.rank());
+        let value = |step: u32, r: usize, i: usize| step * 1_000_000 + (r * block + i) as u32;
+        let mut gather = comm.symmetric_buffer(n * block, 0u32).unwrap();
+        for i in 0..block {
+            gather[me * block + i] = value(0, me, i);
+        }
+        for step in 0..8 {
+            gather = comm.all_gather_symmetric(gather).unwrap().wait().unwrap();
+            for i in 0..block {
+                gather[me * block + i] = value(step + 1, me, i);
+            }
+            for r in (0..n).filter(|&r| r != me) {
+                for i in 0..block {
+                    let got = gather[r * block + i];
+                    assert_eq!(
+                        got,
+                        value(step, r, i),
+                        "all_gather step {step} block {r} index {i}"
+                    );
+                }
+            }
+        }
+        // Block `r` of this rank's buffer (the one rank r reads), from its far end, for `step`.
+        let fill = |buf: &mut [u32], r: usize, step: u32| {
+            for i in (r * block..(r + 1) * block).rev() {
+                buf[i] = value(step, me, i % block) + i as u32;
+            }
+        };
+        let mut scatter = comm.symmetric_buffer(n * block, 0u32).unwrap();
+        (0..n).for_each(|r| fill(&mut scatter, r, 0));
+        for step in 0..8 {
+            scatter = comm
+                .reduce_scatter_symmetric(scatter, ReduceOp::Sum)
+                .unwrap()
+                .wait()
+                .unwrap();
+            for r in (0..n).filter(|&r| r != me) {
+                fill(&mut scatter, r, step + 1);
+            }
+            for i in 0..block {
+                let at = me * block + i;
+                let want: u32 = (0..n).map(|r| value(step, r, i) + at as u32).sum();
+                assert_eq!(scatter[at], want, "reduce_scatter step {step} index {at}");
+            }
+            fill(&mut scatter, me, step + 1);
+        }
+    });
+}
+
+#[test]
 fn buffers_allocated_out_of_step_fail_every_rank_with_a_mismatch() {
     let errors = on_threads(2, symmetric("sym-step", false), |comm| {
         // Rank 1 allocates one buffer more first, so its next buffer sits at another offset.
@@ -142,6 +249,52 @@ fn buffers_allocated_out_of_step_fail_every_rank_with_a_mismatch() {
         assert!(
             text.contains("window offset=0") && text.contains("window offset=128"),
             "{text}"
+        );
+    }
+}
+
+#[test]
+fn gathers_and_scatters_allocated_out_of_step_fail_with_a_mismatch_too() {
+    let errors = on_threads(2, symmetric("sym-step-ag", false), |comm| {
+        let _extra = (comm.rank() == 0).then(|| comm.symmetric_buffer(1, 0u8).unwrap());
+        let gather = comm.symmetric_buffer(64, 1.0f32).unwrap();
+        let ag = comm
+            .all_gather_symmetric(gather)
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        let scatter = comm.symmetric_buffer(64, 1.0f32).unwrap();
+        let rs = comm
+            .reduce_scatter_symmetric(scatter, ReduceOp::Sum)
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        (ag.to_string(), rs.to_string())
+    });
+    for (ag, rs) in &errors {
+        assert!(
+            ag.contains("rank(s) [1] called all_gather_symmetric(#1, dtype=f32, count=32, window offset=0) \
+                 but rank(s) [0] called all_gather_symmetric(#1, dtype=f32, count=32, window offset=64)"),
+            "{ag}"
+        );
+        // The failed all-gather's buffers stay out of the free list (a peer might still read them), so the
+        // reduce-scatter's come after them.
+        assert!(
+            rs.contains("rank(s) [1] called reduce_scatter_symmetric(#2, dtype=f32, count=32, op=sum, window \
+                 offset=256) but rank(s) [0] called reduce_scatter_symmetric(#2, dtype=f32, count=32, op=sum, \
+                 window offset=320)"),
+            "{rs}"
+        );
+    }
+    // A buffer that does not split into one block per rank is refused before anything runs.
+    let refused = on_threads(2, symmetric("sym-ragged", false), |comm| {
+        let ragged = comm.symmetric_buffer(5, 0u8).unwrap();
+        comm.all_gather_symmetric(ragged).unwrap_err().to_string()
+    });
+    for err in refused {
+        assert!(
+            err.contains("all_gather_symmetric buffer has 5 elements, not a multiple of 2 ranks"),
+            "{err}"
         );
     }
 }

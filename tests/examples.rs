@@ -51,6 +51,16 @@ fn layout_tour_runs_and_finds_rank_groups() {
 }
 
 #[test]
+fn symmetric_buffers_runs_an_optimizer_step_both_ways_and_they_agree() {
+    let out = run_example("symmetric_buffers");
+    assert!(
+        out.contains("both ranks agree with the update rule after 9 steps"),
+        "{out}"
+    );
+    assert_eq!(out.matches("symmetric ").count(), 2, "{out}");
+}
+
+#[test]
 fn rl_layouts_runs() {
     let out = run_example("rl_layouts");
     assert!(out.contains("weight sync: [0, 4, 5, 6, 7]"), "{out}");

@@ -242,8 +242,8 @@ fn bad_arguments_exit_with_status_2_and_say_which() {
             "--tcp is a host transport",
         ),
         (
-            vec!["bench", "--op", "all_gather", "--symmetric"],
-            "not with --op all_gather",
+            vec!["bench", "--op", "broadcast", "--symmetric"],
+            "not with --op broadcast",
         ),
         (
             vec!["bench", "--symmetric", "--huge-pages"],

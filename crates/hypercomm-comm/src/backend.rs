@@ -18,6 +18,14 @@ pub(crate) enum Io<'a> {
     OutOfPlace(&'a [u8], &'a mut [u8]),
 }
 
+/// The collectives that take symmetric buffers (see [`crate::symmetric`]), all in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SymmetricOp {
+    AllReduce(ReduceOp),
+    AllGather,
+    ReduceScatter(ReduceOp),
+}
+
 /// A backend's collectives. Shapes (per operation, with `n` ranks and the caller's rank `r`):
 ///
 /// - `all_gather`: in place, one buffer of `n` blocks with block `r` filled; out of place, a block in and `n` out.
@@ -69,14 +77,15 @@ pub(crate) trait Backend: Send {
         tag: u64,
     ) -> Result<(), CommError>;
     fn barrier(&mut self) -> Result<(), CommError>;
-    /// In-place all-reduce of the symmetric buffers of `bytes` at byte `offset` of every rank's window (the
-    /// windows [`symmetric_windows`](Self::symmetric_windows) returns, which must exist).
-    fn all_reduce_symmetric(
+    /// The in-place collective `op` over the symmetric buffers of `bytes` at byte `offset` of every rank's window
+    /// (the windows [`symmetric_windows`](Self::symmetric_windows) returns, which must exist). Shapes as for the
+    /// in-place forms of the ordinary collectives.
+    fn symmetric(
         &mut self,
+        op: SymmetricOp,
         offset: usize,
         bytes: usize,
         dtype: DType,
-        op: ReduceOp,
     ) -> Result<(), CommError>;
     /// The symmetric windows, when the options asked for them.
     fn symmetric_windows(&self) -> Option<Arc<Windows>>;

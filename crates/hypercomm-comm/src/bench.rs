@@ -255,9 +255,10 @@ pub struct BenchConfig {
     /// pages) instead of plain `vec!`; a kernel that refuses the advice fails the run rather than measuring
     /// ordinary pages under the wrong name.
     pub huge_pages: bool,
-    /// All-reduce only: run [`Communicator::all_reduce_symmetric`] on a
-    /// [`SymmetricBuffer`](crate::SymmetricBuffer), which the ranks read in place, instead of
-    /// [`Communicator::all_reduce`] on a vector. The communicator gets a window as large as the largest size.
+    /// All-reduce, all-gather and reduce-scatter: run the collective in place on a
+    /// [`SymmetricBuffer`](crate::SymmetricBuffer) of the size (which the ranks read in place;
+    /// [`Communicator::all_reduce_symmetric`] and its siblings) instead of on vectors (`all_reduce`,
+    /// `all_gather_into`, `reduce_scatter_into`). The communicator gets a window as large as the largest size.
     pub symmetric: bool,
 }
 
@@ -274,11 +275,17 @@ pub fn run(
     let n = config.ranks;
     let mut options = config.options.clone();
     if config.symmetric {
-        if config.op != BenchOp::AllReduce || config.huge_pages {
+        let supported = [
+            BenchOp::AllReduce,
+            BenchOp::AllGather,
+            BenchOp::ReduceScatter,
+        ];
+        if !supported.contains(&config.op) || config.huge_pages {
             return Err(CommError::InvalidArgument {
                 comm: options.name,
                 what: format!(
-                    "symmetric buffers are benchmarked for all_reduce on their own window, not {}{}",
+                    "symmetric buffers are benchmarked for all_reduce, all_gather and reduce_scatter on \
+                     their own window, not {}{}",
                     config.op.name(),
                     if config.huge_pages {
                         " with huge pages"
@@ -346,22 +353,34 @@ fn measure(
     let (input_len, output_len) = op.buffer_lens(bytes, n);
     let iters = iterations(bytes, config.max_iters);
     if config.symmetric {
-        let mut buf = Some(comm.symmetric_buffer(input_len, 1.0f32)?);
+        // One in-place buffer of the whole size: the all-reduce's buffer, the all-gather's output, the
+        // reduce-scatter's input.
+        let len = input_len.max(output_len);
+        let mut buf = Some(comm.symmetric_buffer(len, 1.0f32)?);
         let times = time_iterations(comm, iters, |start| {
             // `buf` is always Some here: each iteration puts back what the previous one took.
             let Some(taken) = buf.take() else {
                 return Ok(start.elapsed());
             };
-            let mut done = comm.all_reduce_symmetric(taken, ReduceOp::Sum)?.wait()?;
+            let mut done = match op {
+                BenchOp::AllGather => comm.all_gather_symmetric(taken)?.wait()?,
+                BenchOp::ReduceScatter => comm
+                    .reduce_scatter_symmetric(taken, ReduceOp::Sum)?
+                    .wait()?,
+                _ => comm.all_reduce_symmetric(taken, ReduceOp::Sum)?.wait()?,
+            };
             let took = start.elapsed();
-            done.fill(1.0);
+            if op == BenchOp::AllReduce {
+                // Keep the values bounded so that repeated sums never overflow to infinity.
+                done.fill(1.0);
+            }
             buf = Some(done);
             Ok(took)
         })?;
         return Ok(BenchResult::new(
             op,
             n,
-            input_len,
+            len,
             median(&times).unwrap_or(Duration::ZERO).as_secs_f64() * 1e6,
             comm.transport(),
         ));
@@ -552,6 +571,7 @@ mod tests {
         assert_eq!(results.len(), 2);
         let err = run(
             &BenchConfig {
+                op: BenchOp::AllToAll,
                 symmetric: true,
                 ..config
             },
@@ -559,9 +579,6 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(
-            err.contains("for all_reduce on their own window, not all_gather"),
-            "{err}"
-        );
+        assert!(err.contains("on their own window, not all_to_all"), "{err}");
     }
 }

@@ -57,6 +57,9 @@ pub(crate) struct Windows {
     rank: usize,
     bytes: usize,
     backing: Backing,
+    /// Start of every rank's window where it is mapped here (only this rank's with a private window), worked out
+    /// once: buffers index through this on every element access.
+    starts: Vec<Option<*mut u8>>,
     /// Free ranges of this rank's window, ascending and disjoint, never adjacent (merged on free).
     free: Mutex<Vec<Range<usize>>>,
 }
@@ -104,7 +107,15 @@ impl Windows {
     }
 
     fn with(comm: &str, rank: usize, bytes: usize, backing: Backing) -> Windows {
+        let starts = match &backing {
+            Backing::Shared(seg) if bytes > 0 => (0..seg.n).map(|r| Some(seg.window(r))).collect(),
+            Backing::Shared(seg) => vec![None; seg.n],
+            Backing::Private { base, .. } => {
+                (0..=rank).map(|r| (r == rank).then_some(*base)).collect()
+            }
+        };
         Windows {
+            starts,
             comm: comm.to_owned(),
             rank,
             bytes,
@@ -125,19 +136,22 @@ impl Windows {
 
     /// Start of this rank's window.
     pub(crate) fn own(&self) -> *mut u8 {
-        match &self.backing {
-            Backing::Shared(seg) => seg.window(self.rank),
-            Backing::Private { base, .. } => *base,
-        }
+        // `starts` has an entry for every rank up to this one (see `with`). An empty shared window has no start;
+        // nothing is ever allocated in it, so nothing dereferences the null that stands for it.
+        self.starts
+            .get(self.rank)
+            .copied()
+            .flatten()
+            .unwrap_or(std::ptr::null_mut())
     }
 
     /// Start of rank `r`'s window, where it is mapped here.
     pub(crate) fn of(&self, r: usize) -> Option<*const u8> {
-        match &self.backing {
-            Backing::Shared(seg) if r < seg.n => Some(seg.window(r).cast_const()),
-            _ if r == self.rank => Some(self.own().cast_const()),
-            _ => None,
-        }
+        self.starts
+            .get(r)
+            .copied()
+            .flatten()
+            .map(<*mut u8>::cast_const)
     }
 
     /// Takes `bytes` (at least one unit) from the first free range that holds them; the offset.
@@ -221,6 +235,8 @@ impl Windows {
 /// ```
 pub struct SymmetricBuffer<T: Element> {
     windows: Arc<Windows>,
+    /// The first element: `offset` bytes into this rank's window.
+    ptr: *mut T,
     /// Byte offset in the window.
     offset: usize,
     /// Elements.
@@ -241,8 +257,11 @@ impl<T: Element> SymmetricBuffer<T> {
                 what: format!("a symmetric buffer of {len} elements overflows usize"),
             })?;
         let offset = windows.alloc(bytes)?;
+        // SAFETY: the allocator handed out `[offset, offset + bytes)` inside this rank's window.
+        let ptr = unsafe { windows.own().add(offset) }.cast::<T>();
         let mut buf = SymmetricBuffer {
             windows,
+            ptr,
             offset,
             len,
             retired: false,
@@ -284,6 +303,12 @@ impl<T: Element> SymmetricBuffer<T> {
     }
 }
 
+// SAFETY: the buffer owns its range of the window as a `Box<[T]>` owns its allocation (the `Arc<Windows>` keeps
+// the mapping alive, and no other buffer overlaps the range), and `T: Element` is `Send + Sync`.
+unsafe impl<T: Element> Send for SymmetricBuffer<T> {}
+// SAFETY: as for `Send`: `&SymmetricBuffer` gives out only `&[T]`.
+unsafe impl<T: Element> Sync for SymmetricBuffer<T> {}
+
 impl<T: Element> std::ops::Deref for SymmetricBuffer<T> {
     type Target = [T];
 
@@ -293,24 +318,14 @@ impl<T: Element> std::ops::Deref for SymmetricBuffer<T> {
         // enough for every `Element`; the bytes were initialized with `T` values by `new` and are written only as
         // `T` since. No other buffer overlaps them, and peers read them only inside a collective, which owns the
         // buffer (so no `&self` exists meanwhile).
-        unsafe {
-            std::slice::from_raw_parts(
-                self.windows.own().add(self.offset).cast::<T>().cast_const(),
-                self.len,
-            )
-        }
+        unsafe { std::slice::from_raw_parts(self.ptr.cast_const(), self.len) }
     }
 }
 
 impl<T: Element> std::ops::DerefMut for SymmetricBuffer<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as in `deref`; `&mut self` makes this the only reference into the range.
-        unsafe {
-            std::slice::from_raw_parts_mut(
-                self.windows.own().add(self.offset).cast::<T>(),
-                self.len,
-            )
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 

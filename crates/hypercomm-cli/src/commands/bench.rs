@@ -63,8 +63,9 @@ pub struct Args {
     /// kernel to back them with 2 MiB pages, instead of plain vectors.
     #[arg(long)]
     huge_pages: bool,
-    /// Host, all_reduce: all-reduce a symmetric buffer (`Communicator::all_reduce_symmetric`), which the ranks
-    /// read in place from each other's windows, instead of a vector staged through the shared slots.
+    /// Host, all_reduce / all_gather / reduce_scatter: run the collective in place on a symmetric buffer
+    /// (`Communicator::all_reduce_symmetric` and its siblings), which the ranks read in place from each other's
+    /// windows, instead of on vectors staged through the shared slots.
     #[arg(long)]
     symmetric: bool,
     /// Write the results as JSON here.
@@ -181,9 +182,15 @@ pub fn run(args: Args) -> Result<(), CliError> {
     }
     let ranks = args.ranks.unwrap_or(2);
     let sizes = parse_sizes(&args.sizes)?;
-    if args.symmetric && (op != BenchOp::AllReduce || args.huge_pages) {
+    let symmetric_ops = [
+        BenchOp::AllReduce,
+        BenchOp::AllGather,
+        BenchOp::ReduceScatter,
+    ];
+    if args.symmetric && (!symmetric_ops.contains(&op) || args.huge_pages) {
         return Err(CliError::Usage(format!(
-            "--symmetric runs all_reduce on buffers in the communicator's shared window: not with {}",
+            "--symmetric runs all_reduce, all_gather and reduce_scatter on buffers in the communicator's \
+             shared window: not with {}",
             if args.huge_pages {
                 "--huge-pages".to_owned()
             } else {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::Communicator;
 use crate::CommError;
+use crate::backend::SymmetricOp;
 use crate::element::{Element, ReduceOp};
 use crate::symmetric::{SymmetricBuffer, Windows};
 use crate::work::Work;
@@ -31,22 +32,54 @@ impl Communicator {
     /// results are those of [`all_reduce`](Self::all_reduce), bit for bit on every rank.
     ///
     /// If the operation fails, the buffer's space stays out of later allocations (a peer may still be reading
-    /// it).
+    /// it); so for the other collectives here.
     pub fn all_reduce_symmetric<T: Element>(
         &self,
-        mut buf: SymmetricBuffer<T>,
+        buf: SymmetricBuffer<T>,
         op: ReduceOp,
     ) -> Result<Work<SymmetricBuffer<T>>, CommError> {
+        self.submit_symmetric(buf, SymmetricOp::AllReduce(op))
+    }
+
+    /// All-gather in place over symmetric buffers of `size()` equal blocks, this rank's (block `rank()`) filled
+    /// in: every block gets filled, as [`all_gather`](Self::all_gather) does. Read in place, each rank copies
+    /// every other block once, straight from its owner's buffer.
+    pub fn all_gather_symmetric<T: Element>(
+        &self,
+        buf: SymmetricBuffer<T>,
+    ) -> Result<Work<SymmetricBuffer<T>>, CommError> {
+        self.check_multiple("all_gather_symmetric buffer", buf.len())?;
+        self.submit_symmetric(buf, SymmetricOp::AllGather)
+    }
+
+    /// Reduce-scatter in place over symmetric buffers of `size()` equal blocks: block `rank()` becomes the
+    /// reduction of every rank's block `rank()`, the other blocks are left unchanged, as
+    /// [`reduce_scatter`](Self::reduce_scatter) does. Read in place, each rank reads its block of every buffer
+    /// once and writes its own.
+    pub fn reduce_scatter_symmetric<T: Element>(
+        &self,
+        buf: SymmetricBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<Work<SymmetricBuffer<T>>, CommError> {
+        self.check_multiple("reduce_scatter_symmetric buffer", buf.len())?;
+        self.submit_symmetric(buf, SymmetricOp::ReduceScatter(op))
+    }
+
+    fn submit_symmetric<T: Element>(
+        &self,
+        mut buf: SymmetricBuffer<T>,
+        op: SymmetricOp,
+    ) -> Result<Work<SymmetricBuffer<T>>, CommError> {
         self.check_own(&buf)?;
-        self.submit(move |b| {
-            match b.all_reduce_symmetric(buf.offset(), buf.bytes(), T::DTYPE, op) {
+        self.submit(
+            move |b| match b.symmetric(op, buf.offset(), buf.bytes(), T::DTYPE) {
                 Ok(()) => Ok(buf),
                 Err(e) => {
                     buf.retire();
                     Err(e)
                 }
-            }
-        })
+            },
+        )
     }
 
     fn windows(&self) -> Result<&Arc<Windows>, CommError> {

@@ -250,6 +250,32 @@ fn all_reduce_bandwidth(
     Ok(())
 }
 
+/// Where an operation over symmetric buffers reads in place: every rank's window, when the peers' are mapped here
+/// (shared memory) and there are peers. `None`: run the ordinary algorithm over this rank's buffer instead.
+fn peer_windows(cx: &Ctx<'_>, win: &Windows) -> Option<Vec<*const u8>> {
+    let n = cx.t.size();
+    if !win.is_shared() || n == 1 {
+        return None;
+    }
+    (0..n).map(|r| win.of(r)).collect()
+}
+
+/// This rank's symmetric buffer at bytes `at` of its window, for the ordinary algorithms.
+///
+/// # Safety
+///
+/// `at` must be the range of the buffer whose collective the caller runs (the job owns the buffer, so no other
+/// reference to it exists in this process), and no peer may read it meanwhile, which holds because the ordinary
+/// algorithms never read the peers' windows.
+// A `&mut` out of `&Windows` is this function's purpose: the window is memory that collectives hand back and
+// forth, and exclusivity comes from the caller's job owning the buffer, as the contract above says.
+#[allow(clippy::mut_from_ref)]
+unsafe fn own_buffer(win: &Windows, at: Range<usize>) -> &mut [u8] {
+    // SAFETY: the range lies inside this rank's mapped window (the allocator gave it); exclusivity is the
+    // caller's promise above.
+    unsafe { std::slice::from_raw_parts_mut(win.own().add(at.start), at.len()) }
+}
+
 /// In-place all-reduce of the symmetric buffers at bytes `at` of every rank's window (see [`crate::symmetric`]).
 ///
 /// Where the peers' windows are mapped (shared memory) and the buffer is past the latency path's size, rounds
@@ -279,15 +305,11 @@ pub(crate) fn all_reduce_symmetric(
         Algorithm::Bandwidth => false,
         Algorithm::Auto => at.len().saturating_mul(n - 1) <= LATENCY_READ_LIMIT,
     };
-    let bases: Option<Vec<*const u8>> = (0..n).map(|r| win.of(r)).collect();
-    let own = win.own();
-    let (Some(bases), false, false) = (bases.filter(|_| win.is_shared()), n == 1, small) else {
-        // SAFETY: `at` is the range of the buffer whose collective this is (the caller's job owns it, so no
-        // reference to it exists elsewhere in this process), inside this rank's mapped window; the ordinary
-        // algorithms never read the peers' windows, so no peer reads it meanwhile.
-        let buf = unsafe { std::slice::from_raw_parts_mut(own.add(at.start), at.len()) };
-        return all_reduce(cx, buf, dtype, op);
+    let Some(bases) = peer_windows(cx, win).filter(|_| !small) else {
+        // SAFETY: `at` is this collective's buffer, and the ordinary algorithm reads no peer's window.
+        return all_reduce(cx, unsafe { own_buffer(win, at) }, dtype, op);
     };
+    let own = win.own();
     let comm = cx.comm.to_owned();
     let ps = pieces(at.len() / s, (SYMMETRIC_PIECE_BYTES / s).max(1));
     // Bytes of rank `i`'s chunk of piece `p`, from the buffer's start.
@@ -339,6 +361,89 @@ pub(crate) fn all_reduce_symmetric(
                 Ok(())
             },
         )?;
+    }
+    Ok(())
+}
+
+/// In-place all-gather over symmetric buffers of `n` blocks: block `r` of every rank's buffer becomes rank `r`'s.
+///
+/// Read in place, it is one round (after the barrier that says every rank's block is in) in which each rank
+/// copies block `r` straight out of rank `r`'s buffer, and a second that keeps every rank in until nobody reads
+/// its buffer. No rank writes its own block, and no rank reads another block than the owner's, so the copies never
+/// meet a write. Otherwise, the ordinary algorithm over this rank's buffer.
+pub(crate) fn all_gather_symmetric(
+    cx: &mut Ctx<'_>,
+    win: &Windows,
+    at: Range<usize>,
+    dtype: DType,
+) -> Result<(), CommError> {
+    let (n, me) = (cx.t.size(), cx.t.rank());
+    let block = at.len() / n;
+    let Some(bases) = peer_windows(cx, win) else {
+        // SAFETY: `at` is this collective's buffer, and the ordinary algorithm reads no peer's window.
+        return all_gather(cx, None, unsafe { own_buffer(win, at) }, block, dtype);
+    };
+    let own = win.own();
+    for t in 0..2 {
+        cx.run(t, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| {
+            for r in (0..n).filter(|&r| t == 0 && r != me) {
+                let b = at.start + r * block;
+                // SAFETY: block r of rank r's buffer, which nobody writes during the operation, into block r of
+                // this rank's, which nobody else reads or writes; distinct windows, so no overlap.
+                unsafe { std::ptr::copy_nonoverlapping(bases[r].add(b), own.add(b), block) };
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// In-place reduce-scatter over symmetric buffers of `n` blocks: block `me` of this rank's buffer becomes the
+/// reduction of every rank's block `me`; the other blocks stay as they were.
+///
+/// Read in place, it is one round in which each rank reduces block `me` of every buffer (in rank order, as the
+/// ordinary algorithm does) into its own, and a second that keeps every rank in until nobody reads its buffer. A
+/// rank writes only its own block `me` and reads only blocks `me`, which no other rank writes. Otherwise, the
+/// ordinary algorithm over this rank's buffer.
+pub(crate) fn reduce_scatter_symmetric(
+    cx: &mut Ctx<'_>,
+    win: &Windows,
+    at: Range<usize>,
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let (n, me) = (cx.t.size(), cx.t.rank());
+    let block = at.len() / n;
+    let Some(bases) = peer_windows(cx, win) else {
+        // SAFETY: `at` is this collective's buffer, and the ordinary algorithm reads no peer's window.
+        return reduce_scatter(cx, None, unsafe { own_buffer(win, at) }, block, dtype, op);
+    };
+    let own = win.own();
+    let comm = cx.comm.to_owned();
+    let mine = at.start + me * block..at.start + (me + 1) * block;
+    for t in 0..2 {
+        cx.run(t, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| {
+            if t > 0 {
+                return Ok(());
+            }
+            let srcs: Vec<Src<'_>> = (0..n)
+                .map(|r| {
+                    if r == me {
+                        Src::Out
+                    } else {
+                        // SAFETY: block `me` of rank r's buffer, which only this rank's operation reads and nobody
+                        // writes during it.
+                        Src::Bytes(unsafe {
+                            std::slice::from_raw_parts(bases[r].add(mine.start), block)
+                        })
+                    }
+                })
+                .collect();
+            // SAFETY: block `me` of this rank's buffer, which no peer reads or writes (each reads its own block of
+            // every buffer) and no other reference in this process covers.
+            let out = unsafe { std::slice::from_raw_parts_mut(own.add(mine.start), block) };
+            reduce(dtype, op, &srcs, out, n).map_err(|f| fault(&comm, f))
+        })?;
     }
     Ok(())
 }

@@ -26,10 +26,12 @@ pub(crate) enum OpKind {
     Barrier = 10,
     Send = 11,
     AllReduceSymmetric = 12,
+    AllGatherSymmetric = 13,
+    ReduceScatterSymmetric = 14,
 }
 
 impl OpKind {
-    const ALL: [OpKind; 12] = [
+    const ALL: [OpKind; 14] = [
         OpKind::AllReduce,
         OpKind::Broadcast,
         OpKind::Reduce,
@@ -42,6 +44,8 @@ impl OpKind {
         OpKind::Barrier,
         OpKind::Send,
         OpKind::AllReduceSymmetric,
+        OpKind::AllGatherSymmetric,
+        OpKind::ReduceScatterSymmetric,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -58,6 +62,8 @@ impl OpKind {
             OpKind::Barrier => "barrier",
             OpKind::Send => "send",
             OpKind::AllReduceSymmetric => "all_reduce_symmetric",
+            OpKind::AllGatherSymmetric => "all_gather_symmetric",
+            OpKind::ReduceScatterSymmetric => "reduce_scatter_symmetric",
         }
     }
 }

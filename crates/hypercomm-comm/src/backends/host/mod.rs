@@ -26,7 +26,7 @@ use self::algorithms::{Ctx, header as op_header};
 use self::header::{Header, OpKind};
 use self::transport::Transport;
 use crate::CommError;
-use crate::backend::{Backend, Io};
+use crate::backend::{Backend, Io, SymmetricOp};
 use crate::element::{DType, ReduceOp};
 use crate::options::{Algorithm, CommOptions};
 use crate::symmetric::Windows;
@@ -304,23 +304,37 @@ impl Backend for HostBackend {
         algorithms::barrier(&mut self.ctx(OpKind::Barrier, None, None, None, 0))
     }
 
-    fn all_reduce_symmetric(
+    fn symmetric(
         &mut self,
+        op: SymmetricOp,
         offset: usize,
         bytes: usize,
         dtype: DType,
-        op: ReduceOp,
     ) -> Result<(), CommError> {
         let windows = self.windows()?;
-        let mut cx = self.ctx(
-            OpKind::AllReduceSymmetric,
-            Some(dtype),
-            Some(op),
-            None,
-            bytes / dtype.size(),
-        );
+        let n = self.transport.size();
+        let at = offset..offset + bytes;
+        let elems = bytes / dtype.size();
+        // The header's count is what the ordinary collective's would be: the all-reduce's length, the block of
+        // the all-gather and the reduce-scatter.
+        let (kind, reduce, count) = match op {
+            SymmetricOp::AllReduce(r) => (OpKind::AllReduceSymmetric, Some(r), elems),
+            SymmetricOp::AllGather => (OpKind::AllGatherSymmetric, None, elems / n),
+            SymmetricOp::ReduceScatter(r) => (OpKind::ReduceScatterSymmetric, Some(r), elems / n),
+        };
+        let mut cx = self.ctx(kind, Some(dtype), reduce, None, count);
         cx.header.window = Some(offset as u64);
-        algorithms::all_reduce_symmetric(&mut cx, &windows, offset..offset + bytes, dtype, op)
+        match op {
+            SymmetricOp::AllReduce(r) => {
+                algorithms::all_reduce_symmetric(&mut cx, &windows, at, dtype, r)
+            }
+            SymmetricOp::AllGather => {
+                algorithms::all_gather_symmetric(&mut cx, &windows, at, dtype)
+            }
+            SymmetricOp::ReduceScatter(r) => {
+                algorithms::reduce_scatter_symmetric(&mut cx, &windows, at, dtype, r)
+            }
+        }
     }
 
     fn symmetric_windows(&self) -> Option<Arc<Windows>> {
