@@ -269,6 +269,27 @@ fn peer_windows(cx: &Ctx<'_>, win: &Windows) -> Option<Vec<*const u8>> {
     (0..n).map(|r| win.of(r)).collect()
 }
 
+/// The operands of reducing bytes `range` of every rank's symmetric buffer into this rank's, in rank order: this
+/// rank's own in place ([`Src::Out`]), the peers' read from their windows at `bases`.
+///
+/// # Safety
+///
+/// `range` must lie inside every rank's buffer, and no peer may write it while the returned slices live.
+unsafe fn window_sources(bases: &[*const u8], me: usize, range: Range<usize>) -> Vec<Src<'_>> {
+    (0..bases.len())
+        .map(|r| {
+            if r == me {
+                Src::Out
+            } else {
+                // SAFETY: inside rank r's mapped window (the caller's promise), and unwritten meanwhile.
+                Src::Bytes(unsafe {
+                    std::slice::from_raw_parts(bases[r].add(range.start), range.len())
+                })
+            }
+        })
+        .collect()
+}
+
 /// Whether a symmetric all-gather or reduce-scatter of `bytes` goes through the slots after all: forced by
 /// [`Algorithm::Latency`], or small enough under [`Algorithm::Auto`] (see [`SYMMETRIC_STAGED_LIMIT`]).
 fn staged(cx: &Ctx<'_>, bytes: usize) -> bool {
@@ -343,19 +364,8 @@ pub(crate) fn all_reduce_symmetric(
             &mut |_, _| {
                 if let Some(p) = ps.get(t) {
                     let mine = shift(chunk(p, me), at.start);
-                    let srcs: Vec<Src<'_>> = (0..n)
-                        .map(|r| {
-                            if r == me {
-                                Src::Out
-                            } else {
-                                // SAFETY: rank r's buffer lies at `at` of its mapped window, so does `mine`; r does
-                                // not write these bytes in this round (see the function docs).
-                                Src::Bytes(unsafe {
-                                    std::slice::from_raw_parts(bases[r].add(mine.start), mine.len())
-                                })
-                            }
-                        })
-                        .collect();
+                    // SAFETY: no peer writes `mine` of its buffer in this round (see the function docs).
+                    let srcs = unsafe { window_sources(&bases, me, mine.clone()) };
                     // SAFETY: this rank's chunk of piece t in its own buffer, which no peer reads or writes in this
                     // round, and no other reference in this process covers (the job owns the buffer).
                     let out =
@@ -446,19 +456,9 @@ pub(crate) fn reduce_scatter_symmetric(
             if t > 0 {
                 return Ok(());
             }
-            let srcs: Vec<Src<'_>> = (0..n)
-                .map(|r| {
-                    if r == me {
-                        Src::Out
-                    } else {
-                        // SAFETY: block `me` of rank r's buffer, which only this rank's operation reads and nobody
-                        // writes during it.
-                        Src::Bytes(unsafe {
-                            std::slice::from_raw_parts(bases[r].add(mine.start), block)
-                        })
-                    }
-                })
-                .collect();
+            // SAFETY: block `me` of a buffer is read only by this rank's operation and written by nobody
+            // during it.
+            let srcs = unsafe { window_sources(&bases, me, mine.clone()) };
             // SAFETY: block `me` of this rank's buffer, which no peer reads or writes (each reads its own block of
             // every buffer) and no other reference in this process covers.
             let out = unsafe { std::slice::from_raw_parts_mut(own.add(mine.start), block) };
