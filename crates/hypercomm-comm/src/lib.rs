@@ -15,6 +15,8 @@
 //!    [`FailureDomain`] record one root cause per rank and abort together.
 //!
 //! The host backend runs on CPU memory: shared memory on one machine, TCP across machines. See `backends/host`.
+//! Buffers allocated with [`Communicator::symmetric_buffer`] live in memory every rank on the host has mapped, and
+//! the collectives over them read the peers' buffers in place (see [`symmetric`]).
 //! The NCCL backend runs on GPU memory; its face is [`device`], and [`device::ProcessGroup`] routes each
 //! collective to the host or the device communicator by where its buffer lives.
 

@@ -15,8 +15,8 @@
 //! | `high_priority_stream` | the stream's priority (the context's greatest), not the config | any |
 //!
 //! A knob the loaded release does not honour is [`CommError::OptionNeedsNewerLibrary`], because NCCL resets
-//! config fields newer than itself without a word. Host-only options (`force_tcp`, `algorithm`, `scratch_bytes`)
-//! are [`CommError::UnsupportedOption`]. Two defaults are not knobs and degrade instead of failing: before 2.14
+//! config fields newer than itself without a word. Host-only options (`force_tcp`, `algorithm`, `scratch_bytes`,
+//! `symmetric_bytes`) are [`CommError::UnsupportedOption`]. Two defaults are not knobs and degrade instead of failing: before 2.14
 //! (no configs) the communicator is blocking, and before 2.27 the name is only hypercomm's (in its errors and
 //! store keys), not NCCL's; `name` is mandatory in `CommOptions`, so refusing it would refuse every old NCCL.
 //!
@@ -132,6 +132,9 @@ pub(crate) fn translate(options: &CommOptions, loaded: Version) -> Result<NcclSe
     }
     if options.scratch_bytes.is_some() {
         return Err(unsupported("scratch_bytes"));
+    }
+    if options.symmetric_bytes != 0 {
+        return Err(unsupported("symmetric_bytes"));
     }
     let invalid = |what: String| CommError::InvalidArgument {
         comm: options.name.clone(),
@@ -466,6 +469,13 @@ mod tests {
                 "scratch_bytes",
                 CommOptions {
                     scratch_bytes: Some(4096),
+                    ..CommOptions::named("c")
+                },
+            ),
+            (
+                "symmetric_bytes",
+                CommOptions {
+                    symmetric_bytes: 1 << 20,
                     ..CommOptions::named("c")
                 },
             ),
