@@ -15,8 +15,15 @@
 //! ```
 //!
 //! Every key is checked: an unknown group kind or an unknown option is an error naming it, never ignored. Options
-//! a backend cannot honour are rejected when the communicator is created (the host backend honours only
-//! `timeout_secs`).
+//! a backend cannot honour are rejected when the communicator is created (the host backend honours
+//! `timeout_secs` and `symmetric_bytes`; the NCCL communicators of a collection get `timeout_secs` and the knobs).
+//!
+//! `symmetric_bytes` gives the group's host communicators a symmetric window of that many bytes per rank, for
+//! buffers the ranks read in place (see `hypercomm_comm::symmetric`):
+//!
+//! ```json
+//! { "dp": { "symmetric_bytes": 268435456 } }
+//! ```
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -33,6 +40,10 @@ pub struct GroupOptionSet {
     /// Timeout of every wait on the group's communicators, in seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<f64>,
+    /// Bytes of each rank's symmetric window on the group's host communicators
+    /// ([`CommOptions::symmetric_bytes`]); the NCCL communicators do not get one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symmetric_bytes: Option<usize>,
     /// NCCL's knobs for the group's NCCL communicators (refused when the collection has no GPU).
     #[serde(flatten)]
     pub nccl: NcclOptions,
@@ -46,29 +57,36 @@ impl<'de> Deserialize<'de> for GroupOptionSet {
         impl<'de> serde::de::Visitor<'de> for Visitor {
             type Value = GroupOptionSet;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a map of options: timeout_secs and nccl knobs")
+                f.write_str("a map of options: timeout_secs, symmetric_bytes and nccl knobs")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
             ) -> Result<Self::Value, A::Error> {
                 let mut timeout_secs = None;
+                let mut symmetric_bytes = None;
                 let mut knobs = serde_json::Map::new();
                 while let Some(key) = map.next_key::<String>()? {
                     if key == "timeout_secs" {
                         timeout_secs = Some(map.next_value::<f64>()?);
+                    } else if key == "symmetric_bytes" {
+                        symmetric_bytes = Some(map.next_value::<usize>()?);
                     } else if NcclOptions::NAMES.contains(&key.as_str()) {
                         knobs.insert(key, map.next_value::<serde_json::Value>()?);
                     } else {
                         return Err(serde::de::Error::custom(format!(
-                            "unknown field `{key}`, expected timeout_secs or one of {}",
+                            "unknown field `{key}`, expected timeout_secs, symmetric_bytes or one of {}",
                             NcclOptions::NAMES.join(", ")
                         )));
                     }
                 }
                 let nccl = serde_json::from_value(serde_json::Value::Object(knobs))
                     .map_err(serde::de::Error::custom)?;
-                Ok(GroupOptionSet { timeout_secs, nccl })
+                Ok(GroupOptionSet {
+                    timeout_secs,
+                    symmetric_bytes,
+                    nccl,
+                })
             }
         }
         deserializer.deserialize_map(Visitor)
@@ -87,6 +105,9 @@ impl GroupOptionSet {
                         "timeout_secs {secs} is not a positive number of seconds"
                     ))
                 })?;
+        }
+        if let Some(bytes) = self.symmetric_bytes {
+            base.symmetric_bytes = bytes;
         }
         base.nccl.overlay(&self.nccl);
         Ok(base)
@@ -192,7 +213,22 @@ mod tests {
             .apply(CommOptions::named("y"))
             .unwrap();
         assert_eq!(tp.nccl.max_ctas, Some(16));
+        assert_eq!((dp_cp.symmetric_bytes, tp.symmetric_bytes), (0, 0));
         assert!(opts.check_kinds(["tp", "dp_cp", "pp"]).is_ok());
+        let dp =
+            GroupOptions::from_json(r#"{"dp": {"symmetric_bytes": 1048576, "timeout_secs": 9}}"#)
+                .unwrap()
+                .get("dp")
+                .unwrap()
+                .apply(CommOptions::named("z"))
+                .unwrap();
+        assert_eq!(dp.symmetric_bytes, 1 << 20);
+        let err = GroupOptions::from_json(r#"{"dp": {"symmetric_bytes": -1}}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("invalid value: integer `-1`, expected usize"),
+            "{err}"
+        );
     }
 
     #[cfg(feature = "yaml")]

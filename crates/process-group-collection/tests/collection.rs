@@ -212,6 +212,49 @@ fn all_gather_and_reduce_scatter_overlap_in_opposite_orders() {
 }
 
 #[test]
+fn a_group_given_symmetric_bytes_all_reduces_buffers_in_place_and_the_others_have_no_window() {
+    // world 4, tp 2: dp groups {0, 2} and {1, 3}. Only dp's host communicators get windows.
+    run_ranks(0..4, |rank, store| {
+        let layout = LayoutConfig::new(4)
+            .tp(2)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let opts = GroupOptions::from_json(r#"{"dp": {"symmetric_bytes": 4194304}}"#)
+            .map_err(|e| e.to_string())?;
+        let pgc = ProcessGroupCollection::for_layout("symmetric", layout)
+            .with_options(opts)
+            .with_timeout(TIMEOUT)
+            .build(rank, store)
+            .map_err(|e| e.to_string())?;
+        let dp = pgc.dp().map_err(|e| e.to_string())?;
+        let len = 300_000;
+        let mut grads = dp
+            .symmetric_buffer(len, 0.0f32)
+            .map_err(|e| e.to_string())?;
+        if !grads.is_shared() {
+            return Err(
+                "ranks of one process share memory, so the dp window should be shared".into(),
+            );
+        }
+        grads.fill(rank as f32 + 1.0);
+        let grads = dp
+            .all_reduce_symmetric(grads, ReduceOp::Sum)
+            .and_then(|w| w.wait())
+            .map_err(|e| e.to_string())?;
+        // dp partners differ by 2: ranks r and r + 2 (counted from 1: r + 1 and r + 3).
+        let want = 2.0 * (rank % 2) as f32 + 4.0;
+        if grads.iter().any(|&g| g != want) {
+            return Err(format!("rank {rank}: dp sum {}, want {want}", grads[0]));
+        }
+        let tp = pgc.tp().map_err(|e| e.to_string())?;
+        match tp.symmetric_buffer(4, 0u8) {
+            Err(e) if e.to_string().contains("no symmetric window") => Ok(()),
+            other => Err(format!("tp has no window, yet: {other:?}")),
+        }
+    });
+}
+
+#[test]
 fn tagged_twins_and_side_by_side_collections() {
     // An RL-like world of 8: a policy on ranks 0-3 (tp 2, dp 2) with two extra dp_cp twins, a reference model on
     // 4-7 (tp 4), and a weight-sync group of policy rank 0 plus the reference ranks; all through one store.
