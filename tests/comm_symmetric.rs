@@ -228,6 +228,29 @@ fn gathers_and_scatters_reuse_their_buffers_step_after_step() {
 }
 
 #[test]
+fn an_all_gather_past_the_cache_streams_its_blocks_and_is_right() {
+    // A 12 MiB buffer is past the size where the in-place all-gather writes with non-temporal stores.
+    let block = 3 << 19;
+    let options = CommOptions {
+        symmetric_bytes: 16 << 20,
+        ..options("sym-stream", false)
+    };
+    let gathered = on_threads(2, options, move |comm| {
+        let me = comm.rank();
+        let mut buf = comm.symmetric_buffer(2 * block, 0u32).unwrap();
+        for i in 0..block {
+            buf[me * block + i] = (me * block + i) as u32 ^ 0x5a5a;
+        }
+        let buf = comm.all_gather_symmetric(buf).unwrap().wait().unwrap();
+        buf.iter()
+            .enumerate()
+            .filter(|&(i, &x)| x != i as u32 ^ 0x5a5a)
+            .count()
+    });
+    assert_eq!(gathered, [0, 0], "elements wrong per rank");
+}
+
+#[test]
 fn buffers_allocated_out_of_step_fail_every_rank_with_a_mismatch() {
     let errors = on_threads(2, symmetric("sym-step", false), |comm| {
         // Rank 1 allocates one buffer more first, so its next buffer sits at another offset.
