@@ -323,6 +323,46 @@ fn gathers_and_scatters_allocated_out_of_step_fail_with_a_mismatch_too() {
 }
 
 #[test]
+fn a_peer_that_gives_up_fails_the_operation_and_its_buffer_stays_out_of_reuse() {
+    let results = on_threads(
+        2,
+        CommOptions {
+            timeout: std::time::Duration::from_secs(20),
+            ..symmetric("sym-abort", false)
+        },
+        |comm| {
+            let buf = comm.symmetric_buffer(100_000, 1.0f32).unwrap();
+            let offset = buf.offset();
+            if comm.rank() == 1 {
+                // Gives up instead of joining the all-reduce.
+                comm.abort();
+                return (offset, None, None);
+            }
+            let err = comm
+                .all_reduce_symmetric(buf, ReduceOp::Sum)
+                .unwrap()
+                .wait()
+                .unwrap_err();
+            // The failed buffer's bytes are not handed out again: the next buffer comes after them.
+            let next = comm.symmetric_buffer(16, 0u8).unwrap().offset();
+            (offset, Some(err.to_string()), Some(next))
+        },
+    );
+    let (offset, err, next) = &results[0];
+    let err = err.as_ref().unwrap();
+    assert!(
+        err.contains(
+            "communicator sym-abort (members [0, 1]): aborted by rank 1 (in all_reduce_symmetric("
+        ),
+        "{err}"
+    );
+    assert!(
+        next.unwrap() >= offset + 400_000,
+        "reused a retired buffer: {next:?}"
+    );
+}
+
+#[test]
 fn bad_requests_are_errors_that_say_what_is_wrong() {
     let results = on_threads(1, symmetric("sym-bad", false), |comm| {
         let too_big = comm

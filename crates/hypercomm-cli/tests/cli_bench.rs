@@ -199,6 +199,7 @@ fn huge_page_buffers_are_asked_for_and_recorded() {
 fn symmetric_buffers_are_benchmarked_and_recorded() {
     let dir = scratch("symmetric");
     let json = dir.join("symmetric.json");
+    let svg = dir.join("symmetric.svg");
     let out = hypercomm(&[
         "bench",
         "--sizes",
@@ -208,6 +209,8 @@ fn symmetric_buffers_are_benchmarked_and_recorded() {
         "--symmetric",
         "--json",
         json.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
     ]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
@@ -221,6 +224,11 @@ fn symmetric_buffers_are_benchmarked_and_recorded() {
     let rows = doc["results"].as_array().unwrap();
     assert_eq!(rows.len(), 11, "1 KiB to 1 MiB doubling: {doc}");
     assert!(rows.iter().all(|r| r["busbw_GBps"].as_f64().unwrap() > 0.0));
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        picture.contains("all_reduce busbw, 2 ranks (shm, symmetric buffers)"),
+        "the plot names its buffers"
+    );
 }
 
 #[test]

@@ -49,9 +49,9 @@
 //!   the all-reduce, all-gather and reduce-scatter run in place on [`SymmetricBuffer`](crate::SymmetricBuffer)s,
 //!   which the peers read where they are (see [`crate::symmetric`]): no copy into a slot and out again. The
 //!   in-place all-gather reads only the `S(n-1)/n` bytes it lacks and writes them once, so at 16 MiB its busbw
-//!   meets the all-reduce's instead of trailing it. On the development machine (2026-11-23 22:47 UTC, ten
-//!   alternations) 16 MiB ran all-reduce 7.75, all-gather 8.01 and reduce-scatter 7.82 GB/s busbw symmetric,
-//!   against 5.19, 3.37 and 3.48 on vectors (the README's benchmark section has the table).
+//!   meets the all-reduce's instead of trailing it. On the development machine (2026-11-23, three sets of 8-10
+//!   alternations) 16 MiB ran all-reduce 5.79-8.52, all-gather 7.01-8.03 and reduce-scatter 5.52-7.82 GB/s
+//!   busbw symmetric, against 4.37-5.93, 2.78-3.37 and 2.77-3.69 on vectors (the README has the tables).
 //!
 //! Each iteration's time is the collective alone: refilling the all-reduce's buffer between iterations (so that
 //! sums stay bounded) happens after the clock stops.

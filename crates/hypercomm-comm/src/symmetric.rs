@@ -25,11 +25,11 @@
 //! alone, like a `Vec`. A collective that fails leaves its buffer's memory out of later allocations, since a peer
 //! that has not noticed the failure may still be reading it.
 //!
-//! What it buys, measured on the 2-core development machine (2026-11-23 22:47 UTC, two ranks, ten alternations of
-//! `hypercomm bench --sizes 8B:16MiB` with and without `--symmetric`, median busbw): at 16 MiB all-reduce 7.75
-//! against 5.19 GB/s on vectors, all-gather 8.01 against 3.37, reduce-scatter 7.82 against 3.48; at 1-4 MiB 1.7 to
-//! 3.8 times the vectors' figures. Small operations stay staged (one barrier instead of two), so they cost the
-//! same either way. The README's benchmark section has the table.
+//! What it buys, measured on the 2-core development machine (2026-11-23, two ranks, three sets of 8-10
+//! alternations of `hypercomm bench` with and without `--symmetric`, median busbw): at 16 MiB all-reduce 5.79-8.52
+//! against 4.37-5.93 GB/s on vectors, all-gather 7.01-8.03 against 2.78-3.37, reduce-scatter 5.52-7.82 against
+//! 2.77-3.69; at 1-4 MiB 1.7 to 3.8 times the vectors' figures. Small operations stay staged (one barrier instead
+//! of two), so they cost the same either way. The README's benchmark section has the tables.
 //!
 //! The window is memory of the communicator's segment: [`CommOptions::symmetric_bytes`](crate::CommOptions) bytes
 //! per rank, mapped by every rank, taken from the system only as pages are touched and returned when the last

@@ -313,7 +313,14 @@ pub fn run(args: Args) -> Result<(), CliError> {
         write_json(path, "host", &results, &provenance, extra)?;
     }
     if let Some(path) = &args.plot {
-        plot(path, &results)?;
+        let buffers = if args.symmetric {
+            Some("symmetric buffers")
+        } else if args.huge_pages {
+            Some("huge pages")
+        } else {
+            None
+        };
+        plot(path, &results, buffers)?;
     }
     Ok(())
 }
@@ -493,7 +500,7 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
         write_json(path, "nccl", &report.results, &provenance, extra)?;
     }
     if let Some(path) = &args.plot {
-        plot(path, &report.results)?;
+        plot(path, &report.results, None)?;
     }
     Ok(())
 }
@@ -530,15 +537,17 @@ fn write_json(
 }
 
 /// Draws busbw against size as a PNG or SVG (by `path`'s extension), with no fonts needed on the machine.
-fn plot(path: &Path, results: &[BenchResult]) -> Result<(), CliError> {
+/// `buffers` (`None` for the default) joins the transport in the title.
+fn plot(path: &Path, results: &[BenchResult], buffers: Option<&str>) -> Result<(), CliError> {
     let Some(first) = results.first() else {
         return Err(CliError::Failed("no results to plot".into()));
     };
     let title = format!(
-        "hypercomm {} busbw, {} ranks ({})",
+        "hypercomm {} busbw, {} ranks ({}{})",
         first.op.name(),
         first.ranks,
-        first.transport
+        first.transport,
+        buffers.map(|b| format!(", {b}")).unwrap_or_default()
     );
     let points: Vec<(f64, f64)> = results
         .iter()
