@@ -406,6 +406,25 @@ fn bad_requests_are_errors_that_say_what_is_wrong() {
 }
 
 #[test]
+fn a_window_too_large_to_address_is_an_error_not_a_panic() {
+    for tcp in [false, true] {
+        let err = Communicator::world(
+            hypercomm::comm::BackendKind::Host,
+            std::sync::Arc::new(hypercomm::store::MemoryStore::new()),
+            1,
+            0,
+            CommOptions {
+                symmetric_bytes: usize::MAX - 10,
+                ..options(&format!("sym-huge-{tcp}"), tcp)
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("overflows usize"), "tcp={tcp}: {err}");
+    }
+}
+
+#[test]
 fn ranks_that_ask_for_different_windows_are_told_at_creation() {
     let store = std::sync::Arc::new(hypercomm::store::MemoryStore::new());
     let handles: Vec<_> = (0..2)

@@ -101,7 +101,13 @@ impl Windows {
 
     /// A window of `bytes` (rounded up to a page) in this process's private memory.
     pub(crate) fn private(comm: &str, rank: usize, bytes: usize) -> Result<Windows, CommError> {
-        let bytes = bytes.next_multiple_of(4096);
+        let bytes =
+            bytes
+                .checked_next_multiple_of(4096)
+                .ok_or_else(|| CommError::InvalidArgument {
+                    comm: comm.to_owned(),
+                    what: format!("a symmetric window of {bytes} bytes overflows usize"),
+                })?;
         let mut map = MmapMut::map_anon(bytes).map_err(|source| CommError::Io {
             comm: comm.to_owned(),
             what: format!("mapping a {bytes}-byte symmetric window"),

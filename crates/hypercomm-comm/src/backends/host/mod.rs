@@ -62,7 +62,7 @@ impl HostBackend {
             (0, _) => None,
             (bytes, Some(seg)) => {
                 // Rank 0 sized the windows from its options; ranks that asked for another size disagree.
-                if seg.window != bytes.next_multiple_of(4096) {
+                if bytes.checked_next_multiple_of(4096) != Some(seg.window) {
                     return Err(CommError::InvalidArgument {
                         comm: options.name.clone(),
                         what: format!(
