@@ -1,6 +1,7 @@
 //! Soak: thousands of collectives of random kinds, sizes, element types and reduce ops, on several communicators
-//! and a collection at once (shared memory, TCP, a split child, the tp and dp groups of a layout), each result
-//! checked against an independently computed reference. Zero wrong results and zero hangs are required.
+//! and a collection at once (shared memory, TCP, a split child, the tp and dp groups of a layout), on vectors and,
+//! where a communicator has a symmetric window, on symmetric buffers, each result checked against an
+//! independently computed reference. Zero wrong results and zero hangs are required.
 //!
 //! Runs `HYPERCOMM_SOAK_SECS` seconds (default 60 when `CI=true`, else 20). Prints the counts.
 
@@ -63,7 +64,49 @@ fn issue<T: TestElem>(comm: &Communicator, rng: &mut Rng) -> Result<Check, Strin
             Err(format!("{what}: not done after {HANG:?} (hang)"))
         }
     };
-    Ok(match rng.next(4) {
+    // Communicators with a symmetric window also draw the in-place collectives over symmetric buffers. Every rank
+    // draws the same kinds in the same order on the same communicators, so their buffers line up.
+    let kinds = if comm.options().symmetric_bytes > 0 {
+        7
+    } else {
+        4
+    };
+    Ok(match rng.next(kinds) {
+        4 => {
+            let mut buf = comm.symmetric_buffer(len, T::default()).map_err(e)?;
+            buf.copy_from_slice(&values::<T>(op, me, len));
+            let w = comm.all_reduce_symmetric(buf, op).map_err(e)?;
+            Box::new(move || {
+                wait(w.wait_timeout(HANG), &what)?;
+                let got = w.wait().map_err(|x| format!("{what}: {x}"))?;
+                check(|| assert_close(&got, &expected::<T>(op, n, len), &what))
+            })
+        }
+        5 => {
+            let mut buf = comm.symmetric_buffer(n * len, T::default()).map_err(e)?;
+            buf[me * len..(me + 1) * len].copy_from_slice(&values::<T>(ReduceOp::Sum, me, len));
+            let w = comm.all_gather_symmetric(buf).map_err(e)?;
+            Box::new(move || {
+                wait(w.wait_timeout(HANG), &what)?;
+                let got = w.wait().map_err(|x| format!("{what}: {x}"))?;
+                let want: Vec<T> = (0..n)
+                    .flat_map(|r| values::<T>(ReduceOp::Sum, r, len))
+                    .collect();
+                check(|| assert_eq!(&got[..], &want[..], "{what} all_gather_symmetric"))
+            })
+        }
+        6 => {
+            let mut buf = comm.symmetric_buffer(n * len, T::default()).map_err(e)?;
+            buf.copy_from_slice(&values::<T>(op, me, n * len));
+            let w = comm.reduce_scatter_symmetric(buf, op).map_err(e)?;
+            Box::new(move || {
+                wait(w.wait_timeout(HANG), &what)?;
+                let got = w.wait().map_err(|x| format!("{what}: {x}"))?;
+                let all = expected::<T>(op, n, n * len);
+                let mine = &got[me * len..(me + 1) * len];
+                check(|| assert_close(mine, &all[me * len..(me + 1) * len], &what))
+            })
+        }
         0 => {
             let w = comm.all_reduce(values::<T>(op, me, len), op).map_err(e)?;
             Box::new(move || {
@@ -146,9 +189,11 @@ struct Counts {
 }
 
 fn rank(me: usize, store: Arc<dyn Store>, deadline: Instant) -> Counts {
+    // Room for a batch of the largest symmetric buffers in flight at once (4 of 4 ranks x 400 000 f64).
     let options = |name: &str, tcp: bool| CommOptions {
         timeout: HANG,
         force_tcp: tcp,
+        symmetric_bytes: 64 << 20,
         ..CommOptions::named(name)
     };
     let shm = Communicator::world(
