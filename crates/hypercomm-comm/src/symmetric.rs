@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex};
 use memmap2::MmapMut;
 
 use crate::CommError;
-use crate::backends::host::Segment;
+use crate::backends::host::{Segment, window_bytes};
 use crate::element::Element;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -101,13 +101,10 @@ impl Windows {
 
     /// A window of `bytes` (rounded up to a page) in this process's private memory.
     pub(crate) fn private(comm: &str, rank: usize, bytes: usize) -> Result<Windows, CommError> {
-        let bytes =
-            bytes
-                .checked_next_multiple_of(4096)
-                .ok_or_else(|| CommError::InvalidArgument {
-                    comm: comm.to_owned(),
-                    what: format!("a symmetric window of {bytes} bytes overflows usize"),
-                })?;
+        let bytes = window_bytes(bytes).ok_or_else(|| CommError::InvalidArgument {
+            comm: comm.to_owned(),
+            what: format!("a symmetric window of {bytes} bytes overflows usize"),
+        })?;
         let mut map = MmapMut::map_anon(bytes).map_err(|source| CommError::Io {
             comm: comm.to_owned(),
             what: format!("mapping a {bytes}-byte symmetric window"),

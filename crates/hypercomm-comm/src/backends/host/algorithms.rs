@@ -105,6 +105,16 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// Whether to take the small-message path: forced by [`Algorithm::Latency`] or [`Algorithm::Bandwidth`],
+    /// else `small` (the size-based choice of [`Algorithm::Auto`]).
+    fn small_path(&self, small: bool) -> bool {
+        match self.algorithm {
+            Algorithm::Latency => true,
+            Algorithm::Bandwidth => false,
+            Algorithm::Auto => small,
+        }
+    }
+
     fn run(
         &mut self,
         index: u64,
@@ -147,12 +157,7 @@ pub(crate) fn all_reduce(
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let n = cx.t.size();
-    let latency = match cx.algorithm {
-        Algorithm::Latency => true,
-        Algorithm::Bandwidth => false,
-        Algorithm::Auto => buf.len().saturating_mul(n - 1) <= LATENCY_READ_LIMIT,
-    };
-    if latency || n == 1 {
+    if latency_path(cx, buf.len()) || n == 1 {
         all_reduce_latency(cx, buf, dtype, op)
     } else {
         all_reduce_bandwidth(cx, buf, dtype, op)
@@ -290,14 +295,17 @@ unsafe fn window_sources(bases: &[*const u8], me: usize, range: Range<usize>) ->
         .collect()
 }
 
+/// Whether an all-reduce of `bytes` takes the latency path: each rank reading every peer's whole buffer stays
+/// within [`LATENCY_READ_LIMIT`] (see the module docs), unless the algorithm is forced.
+fn latency_path(cx: &Ctx<'_>, bytes: usize) -> bool {
+    let n = cx.t.size();
+    cx.small_path(bytes.saturating_mul(n - 1) <= LATENCY_READ_LIMIT)
+}
+
 /// Whether a symmetric all-gather or reduce-scatter of `bytes` goes through the slots after all: forced by
 /// [`Algorithm::Latency`], or small enough under [`Algorithm::Auto`] (see [`SYMMETRIC_STAGED_LIMIT`]).
 fn staged(cx: &Ctx<'_>, bytes: usize) -> bool {
-    match cx.algorithm {
-        Algorithm::Latency => true,
-        Algorithm::Bandwidth => false,
-        Algorithm::Auto => bytes <= SYMMETRIC_STAGED_LIMIT,
-    }
+    cx.small_path(bytes <= SYMMETRIC_STAGED_LIMIT)
 }
 
 /// This rank's symmetric buffer at bytes `at` of its window, for the ordinary algorithms.
@@ -340,12 +348,7 @@ pub(crate) fn all_reduce_symmetric(
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
-    let small = match cx.algorithm {
-        Algorithm::Latency => true,
-        Algorithm::Bandwidth => false,
-        Algorithm::Auto => at.len().saturating_mul(n - 1) <= LATENCY_READ_LIMIT,
-    };
-    let Some(bases) = peer_windows(cx, win).filter(|_| !small) else {
+    let Some(bases) = peer_windows(cx, win).filter(|_| !latency_path(cx, at.len())) else {
         // SAFETY: `at` is this collective's buffer, and the ordinary algorithm reads no peer's window.
         return all_reduce(cx, unsafe { own_buffer(win, at) }, dtype, op);
     };

@@ -32,7 +32,7 @@ use crate::options::{Algorithm, CommOptions};
 use crate::symmetric::Windows;
 
 pub(crate) use algorithms::LATENCY_READ_LIMIT;
-pub(crate) use segment::Segment;
+pub(crate) use segment::{Segment, window_bytes};
 
 /// Default bytes of staging area per rank and round.
 pub(crate) const DEFAULT_SCRATCH: usize = 1 << 20;
@@ -62,7 +62,7 @@ impl HostBackend {
             (0, _) => None,
             (bytes, Some(seg)) => {
                 // Rank 0 sized the windows from its options; ranks that asked for another size disagree.
-                if bytes.checked_next_multiple_of(4096) != Some(seg.window) {
+                if window_bytes(bytes) != Some(seg.window) {
                     return Err(CommError::InvalidArgument {
                         comm: options.name.clone(),
                         what: format!(

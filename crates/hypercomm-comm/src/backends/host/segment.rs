@@ -111,6 +111,12 @@ struct Layout {
 /// Alignment of the symmetric windows: a page, so that each starts where the kernel maps memory in.
 const WINDOW_ALIGN: usize = 4096;
 
+/// The size of each rank's symmetric window for `requested` bytes: rounded up to a page (0 stays 0, no window);
+/// `None` when that overflows. Every place that sizes a window goes through this, so they agree.
+pub(crate) fn window_bytes(requested: usize) -> Option<usize> {
+    requested.checked_next_multiple_of(WINDOW_ALIGN)
+}
+
 fn round_up(x: usize, to: usize) -> usize {
     x.div_ceil(to) * to
 }
@@ -158,8 +164,7 @@ impl Segment {
     ) -> Result<(Segment, OwnedFd), CommError> {
         let slot = round_up(slot, 64);
         let mailbox = round_up(mailbox, 64);
-        let lay = window
-            .checked_next_multiple_of(WINDOW_ALIGN)
+        let lay = window_bytes(window)
             .and_then(|window| Some((window, layout(n, slot, mailbox, window)?)));
         let (window, lay) = lay.ok_or_else(|| CommError::InvalidArgument {
             comm: comm.to_owned(),
