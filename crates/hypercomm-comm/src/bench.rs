@@ -132,6 +132,15 @@ impl BenchOp {
         }
     }
 
+    /// Whether a symmetric-buffer form of the collective exists (all-reduce, all-gather, reduce-scatter), which
+    /// [`BenchConfig::symmetric`] can measure.
+    pub fn has_symmetric_form(self) -> bool {
+        matches!(
+            self,
+            BenchOp::AllReduce | BenchOp::AllGather | BenchOp::ReduceScatter
+        )
+    }
+
     /// nccl-tests' bus-bandwidth factor for `n` ranks: all-reduce `2(n-1)/n`; all-gather, reduce-scatter and
     /// all-to-all `(n-1)/n`; broadcast and reduce 1.
     pub fn bus_factor(self, n: usize) -> f64 {
@@ -285,12 +294,7 @@ pub fn run(
     let n = config.ranks;
     let mut options = config.options.clone();
     if config.symmetric {
-        let supported = [
-            BenchOp::AllReduce,
-            BenchOp::AllGather,
-            BenchOp::ReduceScatter,
-        ];
-        if !supported.contains(&config.op) || config.huge_pages {
+        if !config.op.has_symmetric_form() || config.huge_pages {
             return Err(CommError::InvalidArgument {
                 comm: options.name,
                 what: format!(
@@ -359,42 +363,63 @@ fn measure(
     bytes: usize,
 ) -> Result<BenchResult, CommError> {
     let n = comm.size();
-    let op = config.op;
-    let (input_len, output_len) = op.buffer_lens(bytes, n);
+    let (input_len, output_len) = config.op.buffer_lens(bytes, n);
     let iters = iterations(bytes, config.max_iters);
-    if config.symmetric {
-        // One in-place buffer of the whole size: the all-reduce's buffer, the all-gather's output, the
-        // reduce-scatter's input.
-        let len = input_len.max(output_len);
-        let mut buf = Some(comm.symmetric_buffer(len, 1.0f32)?);
-        let times = time_iterations(comm, iters, |start| {
-            // `buf` is always Some here: each iteration puts back what the previous one took.
-            let Some(taken) = buf.take() else {
-                return Ok(start.elapsed());
-            };
-            let mut done = match op {
-                BenchOp::AllGather => comm.all_gather_symmetric(taken)?.wait()?,
-                BenchOp::ReduceScatter => comm
-                    .reduce_scatter_symmetric(taken, ReduceOp::Sum)?
-                    .wait()?,
-                _ => comm.all_reduce_symmetric(taken, ReduceOp::Sum)?.wait()?,
-            };
-            let took = start.elapsed();
-            if op == BenchOp::AllReduce {
-                // Keep the values bounded so that repeated sums never overflow to infinity.
-                done.fill(1.0);
-            }
-            buf = Some(done);
-            Ok(took)
-        })?;
-        return Ok(BenchResult::new(
-            op,
-            n,
-            len,
-            median(&times).unwrap_or(Duration::ZERO).as_secs_f64() * 1e6,
-            comm.transport(),
-        ));
-    }
+    let times = if config.symmetric {
+        time_symmetric(comm, config.op, input_len.max(output_len), iters)?
+    } else {
+        time_vectors(comm, config, input_len, output_len, iters)?
+    };
+    Ok(BenchResult::new(
+        config.op,
+        n,
+        input_len.max(output_len),
+        median(&times).unwrap_or(Duration::ZERO).as_secs_f64() * 1e6,
+        comm.transport(),
+    ))
+}
+
+/// The iteration times of `op` on one in-place symmetric buffer of `len` elements: the all-reduce's buffer, the
+/// all-gather's output, the reduce-scatter's input.
+fn time_symmetric(
+    comm: &Communicator,
+    op: BenchOp,
+    len: usize,
+    iters: usize,
+) -> Result<Vec<Duration>, CommError> {
+    let mut buf = Some(comm.symmetric_buffer(len, 1.0f32)?);
+    time_iterations(comm, iters, |start| {
+        // `buf` is always Some here: each iteration puts back what the previous one took.
+        let Some(taken) = buf.take() else {
+            return Ok(start.elapsed());
+        };
+        let mut done = match op {
+            BenchOp::AllGather => comm.all_gather_symmetric(taken)?.wait()?,
+            BenchOp::ReduceScatter => comm
+                .reduce_scatter_symmetric(taken, ReduceOp::Sum)?
+                .wait()?,
+            _ => comm.all_reduce_symmetric(taken, ReduceOp::Sum)?.wait()?,
+        };
+        let took = start.elapsed();
+        if op == BenchOp::AllReduce {
+            // Keep the values bounded so that repeated sums never overflow to infinity.
+            done.fill(1.0);
+        }
+        buf = Some(done);
+        Ok(took)
+    })
+}
+
+/// The iteration times of `config.op` on vectors of `input_len` and `output_len` elements (plain, or on huge
+/// pages when the config asks).
+fn time_vectors(
+    comm: &Communicator,
+    config: &BenchConfig,
+    input_len: usize,
+    output_len: usize,
+    iters: usize,
+) -> Result<Vec<Duration>, CommError> {
+    let op = config.op;
     let alloc = |len: usize, value: f32| {
         if !config.huge_pages {
             return Ok(vec![value; len]);
@@ -411,7 +436,7 @@ fn measure(
     };
     let mut input = alloc(input_len, 1.0)?;
     let mut output = alloc(output_len, 0.0)?;
-    let times = time_iterations(comm, iters, |start| {
+    time_iterations(comm, iters, |start| {
         // Each operation takes the buffers and gives them back; an empty vector holds their place meanwhile.
         let (input, output) = (&mut input, &mut output);
         let (i, o) = (std::mem::take(input), std::mem::take(output));
@@ -433,14 +458,7 @@ fn measure(
             input.fill(1.0);
         }
         Ok(took)
-    })?;
-    Ok(BenchResult::new(
-        op,
-        n,
-        input_len.max(output_len),
-        median(&times).unwrap_or(Duration::ZERO).as_secs_f64() * 1e6,
-        comm.transport(),
-    ))
+    })
 }
 
 /// Runs `step` for some warm-up iterations and then `iters` timed ones, each after a barrier so that all ranks
@@ -493,6 +511,16 @@ mod tests {
             Some(Duration::from_micros(9))
         );
         assert_eq!(median::<u32>(&[]), None);
+    }
+
+    #[test]
+    fn only_all_reduce_all_gather_and_reduce_scatter_have_a_symmetric_form() {
+        let symmetric: Vec<&str> = BenchOp::ALL
+            .iter()
+            .filter(|o| o.has_symmetric_form())
+            .map(|o| o.name())
+            .collect();
+        assert_eq!(symmetric, ["all_reduce", "all_gather", "reduce_scatter"]);
     }
 
     #[test]
@@ -570,7 +598,7 @@ mod tests {
                 .iter()
                 .all(|r| r.time_us > 0.0 && r.busbw_gbps > 0.0)
         );
-        // The same sizes on symmetric buffers, and the one collective they are benchmarked for.
+        // The same sizes on symmetric buffers, and a collective that has no symmetric form.
         let symmetric = BenchConfig {
             op: BenchOp::AllReduce,
             symmetric: true,

@@ -182,12 +182,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     }
     let ranks = args.ranks.unwrap_or(2);
     let sizes = parse_sizes(&args.sizes)?;
-    let symmetric_ops = [
-        BenchOp::AllReduce,
-        BenchOp::AllGather,
-        BenchOp::ReduceScatter,
-    ];
-    if args.symmetric && (!symmetric_ops.contains(&op) || args.huge_pages) {
+    if args.symmetric && (!op.has_symmetric_form() || args.huge_pages) {
         return Err(CliError::Usage(format!(
             "--symmetric runs all_reduce, all_gather and reduce_scatter on buffers in the communicator's \
              shared window: not with {}",
@@ -227,16 +222,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
         "# placement: {}",
         placement_text(config.placement, cpus.as_deref())
     );
-    println!(
-        "# buffers: {}",
-        if args.huge_pages {
-            "advised to use 2 MiB pages (--huge-pages)"
-        } else if args.symmetric {
-            "symmetric, in each rank's window of the shared segment (--symmetric)"
-        } else {
-            "plain vectors"
-        }
-    );
+    let buffers = HostBuffers::of(&args);
+    println!("# buffers: {}", buffers.described());
     println!(
         "# busbw factor {:.3}; time is the median of each size's iterations",
         op.bus_factor(ranks)
@@ -289,13 +276,6 @@ pub fn run(args: Args) -> Result<(), CliError> {
                 Placement::Free => "free",
             },
         });
-        let buffers = if args.huge_pages {
-            "huge-page advice"
-        } else if args.symmetric {
-            "symmetric"
-        } else {
-            "plain"
-        };
         let core_to_core = serde_json::json!({
             "cpus": probe_cpus.map(|(a, b)| [a, b]),
             "batches": CORE_TO_CORE_BATCHES,
@@ -304,7 +284,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         });
         let mut extra = vec![
             ("placement", placement),
-            ("buffers", buffers.into()),
+            ("buffers", buffers.json().into()),
             ("core_to_core", core_to_core),
         ];
         if args.runs > 1 {
@@ -313,16 +293,57 @@ pub fn run(args: Args) -> Result<(), CliError> {
         write_json(path, "host", &results, &provenance, extra)?;
     }
     if let Some(path) = &args.plot {
-        let buffers = if args.symmetric {
-            Some("symmetric buffers")
-        } else if args.huge_pages {
-            Some("huge pages")
-        } else {
-            None
-        };
-        plot(path, &results, buffers)?;
+        plot(path, &results, buffers.plot_note())?;
     }
     Ok(())
+}
+
+/// The buffers a host run uses, as `--huge-pages` and `--symmetric` chose them (never both), and how the table,
+/// the JSON and the plot name them.
+#[derive(Clone, Copy)]
+enum HostBuffers {
+    Plain,
+    HugePages,
+    Symmetric,
+}
+
+impl HostBuffers {
+    fn of(args: &Args) -> HostBuffers {
+        match (args.huge_pages, args.symmetric) {
+            (true, _) => HostBuffers::HugePages,
+            (false, true) => HostBuffers::Symmetric,
+            (false, false) => HostBuffers::Plain,
+        }
+    }
+
+    /// The `# buffers:` line of the table.
+    fn described(self) -> &'static str {
+        match self {
+            HostBuffers::Plain => "plain vectors",
+            HostBuffers::HugePages => "advised to use 2 MiB pages (--huge-pages)",
+            HostBuffers::Symmetric => {
+                "symmetric, in each rank's window of the shared segment (--symmetric)"
+            }
+        }
+    }
+
+    /// The JSON's `buffers` value.
+    fn json(self) -> &'static str {
+        match self {
+            HostBuffers::Plain => "plain",
+            HostBuffers::HugePages => "huge-page advice",
+            HostBuffers::Symmetric => "symmetric",
+        }
+    }
+
+    /// What the plot's title adds after the transport (nothing for plain vectors).
+    fn plot_note(self) -> Option<&'static str> {
+        match self {
+            HostBuffers::Plain => None,
+            HostBuffers::HugePages => Some("huge pages"),
+            HostBuffers::Symmetric => Some("symmetric buffers"),
+        }
+    }
 }
 
 /// Says where the rank threads run.
