@@ -90,8 +90,9 @@ fn matrix(n: usize, tcp: bool, algorithm: Algorithm) {
             ..symmetric(&name, tcp)
         },
         move |comm| {
-            // 0, fewer elements than ranks, odd, just past the latency limit, several 256 KiB pieces plus a tail.
-            for len in [0, 1, 2, 7, 1000, 40_000, 200_003] {
+            // 0, fewer elements than ranks, odd, both sides of the 4 KiB staging limit for 4-byte elements (1000 and
+            // 1025), past the ordinary latency limit at three ranks, many 16 KiB steps with uneven parts.
+            for len in [0, 1, 2, 7, 1000, 1025, 40_000, 200_003] {
                 for op in ReduceOp::ALL {
                     same_as_ordinary::<f32>(&comm, op, len);
                 }

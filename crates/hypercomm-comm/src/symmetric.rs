@@ -21,15 +21,16 @@
 //! window in private memory, and the same calls run the ordinary algorithms over it: code written for symmetric
 //! buffers runs everywhere, and is zero-copy where the ranks share a host.
 //!
-//! A buffer is readable by the peers only inside a collective that takes it; between collectives it is this rank's
-//! alone, like a `Vec`. A collective that fails leaves its buffer's memory out of later allocations, since a peer
-//! that has not noticed the failure may still be reading it.
+//! A buffer is the peers' to read (and, in an all-reduce, to write) only inside a collective that takes it; between
+//! collectives it is this rank's alone, like a `Vec`. A collective that fails leaves its buffer's memory out of
+//! later allocations, since a peer that has not noticed the failure may still be using it.
 //!
-//! What it buys, measured on the 2-core development machine (2026-11-23, two ranks, three sets of 8-10
-//! alternations of `hypercomm bench` with and without `--symmetric`, median busbw): at 16 MiB all-reduce 5.79-8.52
-//! against 4.37-5.93 GB/s on vectors, all-gather 7.01-8.03 against 2.78-3.37, reduce-scatter 5.52-7.82 against
-//! 2.77-3.69; at 1-4 MiB 1.7 to 3.8 times the vectors' figures. Small operations stay staged (one barrier instead
-//! of two), so they cost the same either way. The README's benchmark section has the tables.
+//! What it buys, measured on the 2-core development machine (2026-11-24 00:54 UTC, two ranks, ten alternations of
+//! `hypercomm bench --sizes 8B:16MiB` with and without `--symmetric`, median busbw): at 16 MiB all-reduce 19.7
+//! against 5.8 GB/s on vectors, all-gather 14.3 against 4.2, reduce-scatter 12.0 against 4.6; at 1-4 MiB 2.9 to
+//! 6.0 times the vectors' figures; from 8 KiB to 256 KiB 0.25 to 0.76 of the vectors' time.
+//! Smaller operations stay staged (one barrier instead of two), so they cost the same either way. The README's
+//! benchmark section has the tables.
 //!
 //! The window is memory of the communicator's segment: [`CommOptions::symmetric_bytes`](crate::CommOptions) bytes
 //! per rank, mapped by every rank, taken from the system only as pages are touched and returned when the last
@@ -158,13 +159,9 @@ impl Windows {
             .unwrap_or(std::ptr::null_mut())
     }
 
-    /// Start of rank `r`'s window, where it is mapped here.
-    pub(crate) fn of(&self, r: usize) -> Option<*const u8> {
-        self.starts
-            .get(r)
-            .copied()
-            .flatten()
-            .map(<*mut u8>::cast_const)
+    /// Start of rank `r`'s window, where it is mapped here (shared windows are mapped writable by every rank).
+    pub(crate) fn of(&self, r: usize) -> Option<*mut u8> {
+        self.starts.get(r).copied().flatten()
     }
 
     /// Takes `bytes` (at least one unit) from the first free range that holds them; the offset.

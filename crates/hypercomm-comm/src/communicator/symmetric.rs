@@ -28,11 +28,12 @@ impl Communicator {
 
     /// All-reduce in place over symmetric buffers: every rank's `buf` becomes the reduction of all ranks'. Each
     /// rank must pass the buffer it allocated alike (same offset and length), or all fail with
-    /// [`CommError::Mismatch`]. Ranks that share a host read each other's buffers without staging them; the
-    /// results are those of [`all_reduce`](Self::all_reduce), bit for bit on every rank.
+    /// [`CommError::Mismatch`]. Ranks that share a host work on each other's buffers without staging them: each
+    /// reduces its part of every buffer and writes the result into all of them. The results are those of
+    /// [`all_reduce`](Self::all_reduce), bit for bit on every rank.
     ///
-    /// If the operation fails, the buffer's space stays out of later allocations (a peer may still be reading
-    /// it); so for the other collectives here.
+    /// If the operation fails, the buffer's space stays out of later allocations (a peer may still be reading or
+    /// writing it); so for the other collectives here.
     pub fn all_reduce_symmetric<T: Element>(
         &self,
         buf: SymmetricBuffer<T>,

@@ -42,22 +42,23 @@ pub(crate) const LATENCY_READ_LIMIT: usize = 256 * 1024;
 /// 5.51 / 4.19 without a cap, and faster than no cap in 5 to 7 of the 8 rounds at each size.
 pub(crate) const PIPELINE_PIECE_BYTES: usize = 256 * 1024;
 
-/// The in-place (symmetric) all-reduce's piece. Nothing is staged, so no slot bounds it; a round touches the piece
-/// in this rank's buffer and in the peers'. Measured on the 2-core development machine (2026-11-23 22:25 UTC,
-/// `hypercomm bench --backend host -n 2 --op all_reduce --sizes 512KiB:16MiB --symmetric`, twelve rounds
-/// alternating pieces of 256 KiB, 512 KiB, 1 MiB and 2 MiB, medians): 512 KiB was fastest or within 10% of the
-/// fastest at every size from 1 MiB up (1 / 4 / 16 MiB: 23.5 / 23.7 / 8.3 GB/s busbw, against 21.2 / 18.2 / 8.2
-/// with 256 KiB and 20.7 / 22.6 / 7.3 with 1 MiB); in an earlier sweep pieces of 64 and 128 KiB were slower at
-/// every size below 16 MiB.
-pub(crate) const SYMMETRIC_PIECE_BYTES: usize = 512 * 1024;
+/// The in-place (symmetric) all-reduce's step: it reduces this many bytes of its part into its own buffer, then
+/// copies them into every peer's while they are still in the first-level cache. Measured on the 2-core development
+/// machine (2026-11-24 00:50 UTC, `hypercomm bench --backend host -n 2 --op all_reduce --symmetric --sizes
+/// 512KiB:32MiB`, three rounds alternating steps of 4, 8, 16 and 32 KiB, busbw): 16 KiB was fastest or within 5%
+/// of the fastest at 16 MiB (19.2-20.0 GB/s, against 18.4-18.9 with 4 KiB and 17.5-17.8 with 32 KiB) and at
+/// 512 KiB-1 MiB; steps of 64 and 256 KiB ran 12.7-14.2 GB/s at 32 MiB where 16 KiB ran 16.5-20.4.
+pub(crate) const SYMMETRIC_STEP_BYTES: usize = 16 * 1024;
 
-/// The largest symmetric all-gather or reduce-scatter (whole buffer, bytes) that [`Algorithm::Auto`] still stages
-/// through the slots: reading in place takes two barriers (one for the data, one before anybody may return) where
-/// a staged round takes one, and below this the barrier costs more than the copy saves. Measured on the 2-core
-/// development machine (2026-11-23 22:47 UTC, ten alternations of `hypercomm bench --backend host -n 2 --sizes
-/// 8B:16MiB`, with and without `--symmetric`, medians): all-gather 1.5 µs staged against 1.9 in place at 4 KiB,
-/// 2.8 against 1.9 at 8 KiB; reduce-scatter 1.7 against 1.9 at 4 KiB, 1.9 against 2.0 at 8 KiB, 2.6 against
-/// 2.4 at 16 KiB.
+/// The largest symmetric collective (whole buffer, bytes) that [`Algorithm::Auto`] still stages through the slots:
+/// working in place takes two barriers (one for the data, one before anybody may return) where a staged round
+/// takes one, and below this the barrier costs more than the copy saves. Measured on the 2-core development
+/// machine: all-gather and reduce-scatter 2026-11-23 22:47 UTC (ten alternations of `hypercomm bench --backend
+/// host -n 2 --sizes 8B:16MiB`, with and without `--symmetric`, medians): all-gather 1.5 µs staged against 1.9 in
+/// place at 4 KiB, 2.8 against 1.9 at 8 KiB; reduce-scatter 1.7 against 1.9 at 4 KiB, 1.9 against 2.0 at 8 KiB,
+/// 2.6 against 2.4 at 16 KiB. All-reduce 2026-11-24 00:52 UTC (three alternations, in place forced against the
+/// staged latency path, medians of 200 iterations): 2.4-2.5 µs staged against 2.7-3.0 in place at 4 KiB, 3.2-3.3
+/// against 3.0-3.2 at 8 KiB, 4.9 against 3.6-3.8 at 16 KiB, 31-34 against 11.5-11.9 at 256 KiB.
 pub(crate) const SYMMETRIC_STAGED_LIMIT: usize = 4096;
 
 /// Elements `[i * len / n, (i + 1) * len / n)`: the `i`-th of `n` nearly equal parts of `len`.
@@ -266,7 +267,7 @@ fn all_reduce_bandwidth(
 
 /// Where an operation over symmetric buffers reads in place: every rank's window, when the peers' are mapped here
 /// (shared memory) and there are peers. `None`: run the ordinary algorithm over this rank's buffer instead.
-fn peer_windows(cx: &Ctx<'_>, win: &Windows) -> Option<Vec<*const u8>> {
+fn peer_windows(cx: &Ctx<'_>, win: &Windows) -> Option<Vec<*mut u8>> {
     let n = cx.t.size();
     if !win.is_shared() || n == 1 {
         return None;
@@ -280,7 +281,7 @@ fn peer_windows(cx: &Ctx<'_>, win: &Windows) -> Option<Vec<*const u8>> {
 /// # Safety
 ///
 /// `range` must lie inside every rank's buffer, and no peer may write it while the returned slices live.
-unsafe fn window_sources(bases: &[*const u8], me: usize, range: Range<usize>) -> Vec<Src<'_>> {
+unsafe fn window_sources(bases: &[*mut u8], me: usize, range: Range<usize>) -> Vec<Src<'_>> {
     (0..bases.len())
         .map(|r| {
             if r == me {
@@ -326,18 +327,18 @@ unsafe fn own_buffer(win: &Windows, at: Range<usize>) -> &mut [u8] {
 
 /// In-place all-reduce of the symmetric buffers at bytes `at` of every rank's window (see [`crate::symmetric`]).
 ///
-/// Where the peers' windows are mapped (shared memory) and the buffer is past the latency path's size, rounds
-/// carry no data, only the barrier and the header check. The buffer goes in pieces; in round `t` each rank reduces
-/// its chunk of piece `t` from every rank's buffer into its own, and copies each peer's reduced chunk of piece
-/// `t - 1` out of that peer's buffer; one more round keeps every rank in until nobody reads its buffer. Per rank
-/// that is reading the data once and writing it once, as a local in-place pass would, plus the peers' chunks
-/// crossing between cores: no copy into a slot and out again.
+/// Where the peers' windows are mapped (shared memory) and the buffer is past [`staged`]'s size, it is one round
+/// (after the barrier that says every rank's buffer holds its input) in which each rank reduces its part `me` of
+/// every rank's buffer, in rank order as the ordinary algorithm does, and writes the result into every buffer,
+/// this rank's and the peers'; a second round keeps every rank in until everybody has written into its buffer.
+/// The part goes in steps of [`SYMMETRIC_STEP_BYTES`]: reduced into this rank's buffer, then copied into the
+/// peers' while still in the first-level cache. Per rank that is reading the data once and writing it once, as a
+/// local in-place pass would: nothing is staged, and nothing is copied twice.
 ///
-/// Why the reads are safe: in round `t` a rank reads the peers' chunk `me` of piece `t`, which they write only in
-/// round `t + 1` (copying this rank's result in), after this rank arrived there; and their reduced chunks of piece
-/// `t - 1`, which they wrote in round `t - 1` and do not touch again. What it writes in round `t` (its chunk of
-/// piece `t`, the peers' chunks of piece `t - 1`) is what no peer reads in that round. Every write is published by
-/// the next round's arrival (a sequentially consistent store the readers load before reading).
+/// Why it is safe: a rank reads and writes only part `me` of the buffers, which no other rank reads or writes
+/// during the operation; the first round's barrier says every peer has entered it (its buffer is ready and no
+/// earlier operation on it is still running), and the second's that every write into this rank's buffer is done
+/// (each peer's arrival is a sequentially consistent store after its writes, which this rank loads).
 ///
 /// Otherwise (private windows, one rank, a small buffer) the ordinary algorithm runs over this rank's buffer.
 pub(crate) fn all_reduce_symmetric(
@@ -348,51 +349,38 @@ pub(crate) fn all_reduce_symmetric(
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
-    let Some(bases) = peer_windows(cx, win).filter(|_| !latency_path(cx, at.len())) else {
+    let Some(bases) = peer_windows(cx, win).filter(|_| !staged(cx, at.len())) else {
         // SAFETY: `at` is this collective's buffer, and the ordinary algorithm reads no peer's window.
         return all_reduce(cx, unsafe { own_buffer(win, at) }, dtype, op);
     };
-    let own = win.own();
     let comm = cx.comm.to_owned();
-    let ps = pieces(at.len() / s, (SYMMETRIC_PIECE_BYTES / s).max(1));
-    // Bytes of rank `i`'s chunk of piece `p`, from the buffer's start.
-    let chunk = |p: &Range<usize>, i: usize| scale(shift(part(p.len(), n, i), p.start), s);
-    for t in 0..=ps.len() + 1 {
-        cx.run(
-            t as u64,
-            vec![],
-            &|_, _| vec![],
-            &[],
-            &mut [],
-            &mut |_, _| {
-                if let Some(p) = ps.get(t) {
-                    let mine = shift(chunk(p, me), at.start);
-                    // SAFETY: no peer writes `mine` of its buffer in this round (see the function docs).
-                    let srcs = unsafe { window_sources(&bases, me, mine.clone()) };
-                    // SAFETY: this rank's chunk of piece t in its own buffer, which no peer reads or writes in this
-                    // round, and no other reference in this process covers (the job owns the buffer).
-                    let out =
-                        unsafe { std::slice::from_raw_parts_mut(own.add(mine.start), mine.len()) };
-                    reduce(dtype, op, &srcs, out, n).map_err(|f| fault(&comm, f))?;
+    let part_bytes = shift(scale(part(at.len() / s, n, me), s), at.start);
+    for t in 0..2 {
+        cx.run(t, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| {
+            if t > 0 {
+                return Ok(());
+            }
+            for step in pieces(part_bytes.len() / s, (SYMMETRIC_STEP_BYTES / s).max(1)) {
+                let bytes = shift(scale(step, s), part_bytes.start);
+                // SAFETY: part `me` of every buffer, which no peer reads or writes during the operation.
+                let srcs = unsafe { window_sources(&bases, me, bytes.clone()) };
+                // SAFETY: part `me` of this rank's buffer, which no peer touches during the operation and no other
+                // reference in this process covers (the job owns the buffer).
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(bases[me].add(bytes.start), bytes.len())
+                };
+                reduce(dtype, op, &srcs, out, n).map_err(|f| fault(&comm, f))?;
+                for r in (0..n).filter(|&r| r != me) {
+                    // SAFETY: part `me` of rank r's buffer, which only this rank writes during the operation
+                    // (rank r reads and writes only its own part); distinct windows, so it does not overlap `out`.
+                    let theirs = unsafe {
+                        std::slice::from_raw_parts_mut(bases[r].add(bytes.start), bytes.len())
+                    };
+                    theirs.copy_from_slice(out);
                 }
-                if let Some(p) = t.checked_sub(1).and_then(|i| ps.get(i)) {
-                    for r in (0..n).filter(|&r| r != me) {
-                        let theirs = shift(chunk(p, r), at.start);
-                        // SAFETY: rank r's reduced chunk of piece t - 1, which it finished before arriving at this
-                        // round and does not write again, copied into the same bytes of this rank's buffer, which no
-                        // peer touches in this round; the two windows are distinct, so the ranges do not overlap.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                bases[r].add(theirs.start),
-                                own.add(theirs.start),
-                                theirs.len(),
-                            );
-                        }
-                    }
-                }
-                Ok(())
-            },
-        )?;
+            }
+            Ok(())
+        })?;
     }
     Ok(())
 }
