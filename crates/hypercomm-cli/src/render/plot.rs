@@ -10,6 +10,8 @@ const RIGHT: i32 = 30;
 const TOP: i32 = 85;
 const BOTTOM: i32 = 70;
 const GRID: Rgb = Rgb(225, 225, 225);
+/// Pixels kept clear on each side of the title.
+const TITLE_MARGIN: u32 = 10;
 
 fn text(x: i32, y: i32, text: String, size: u32, anchor: Anchor) -> Shape {
     Shape::Text {
@@ -19,6 +21,18 @@ fn text(x: i32, y: i32, text: String, size: u32, anchor: Anchor) -> Shape {
         size,
         anchor,
         color: INK,
+    }
+}
+
+/// The title's size class: the title size (3) when the title fits the chart's width in the pixel font of PNG
+/// output (which is wider than SVG text), else the normal size (2), whose letters are two thirds as wide; a title
+/// too long even for that is left to overflow rather than shrunk to an unreadable size.
+fn title_size(title: &str) -> u32 {
+    let room = WIDTH - 2 * TITLE_MARGIN;
+    if crate::render::font::text_width(title, 3) <= room {
+        3
+    } else {
+        2
     }
 }
 
@@ -46,7 +60,7 @@ pub fn log_x_chart(
         WIDTH as i32 / 2,
         25,
         title.to_owned(),
-        3,
+        title_size(title),
         Anchor::Centre,
     ));
     // Horizontal grid and y labels: five steps of a round size.
@@ -175,6 +189,35 @@ mod tests {
             })
             .collect();
         assert!(labels.contains(&"size") && labels.contains(&"GB/s") && labels.contains(&"0"));
+    }
+
+    #[test]
+    fn a_long_title_drops_to_the_normal_size_so_that_it_fits_the_png() {
+        let title_of = |title: &str| {
+            let scene = log_x_chart(title, "x", "y", &[(1.0, 1.0), (2.0, 2.0)], |x| {
+                format!("{x}")
+            });
+            scene
+                .shapes
+                .into_iter()
+                .find_map(|s| match s {
+                    Shape::Text { text, size, .. } if text == title => Some(size),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        let short = "hypercomm all_reduce busbw, 2 ranks (shm)";
+        let long = "hypercomm all_reduce busbw, 2 ranks (shm, symmetric buffers)";
+        assert_eq!(title_of(short), 3);
+        assert_eq!(title_of(long), 2);
+        // Whatever the size, the PNG text (scale 3 for the title size, 2 below) lies inside the picture.
+        for title in [short, long] {
+            let scale = if title_of(title) == 3 { 3 } else { 2 };
+            assert!(
+                crate::render::font::text_width(title, scale) <= WIDTH,
+                "{title}"
+            );
+        }
     }
 
     #[test]
