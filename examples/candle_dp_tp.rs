@@ -35,7 +35,7 @@ use hypercomm::candle::{GradSync, ReduceOp, TensorGroup};
 use hypercomm::comm::device::{DeviceRuntime, Gpu};
 use hypercomm::grid::layout::LayoutConfig;
 use hypercomm::launch::Launcher;
-use hypercomm::pgc::ProcessGroupCollection;
+use hypercomm::pgc::{GroupOptions, ProcessGroupCollection};
 use hypercomm::store::{Rendezvous, Store};
 
 const SEED: u64 = 0x5eed_2026;
@@ -305,7 +305,12 @@ fn rank_main(args: &Args) -> Result<(), Box<dyn Error>> {
     let joined = rendezvous.join(rendezvous.client_options())?;
     let store: Arc<dyn Store> = Arc::new(joined.store);
     let layout = LayoutConfig::new(world).tp(args.tp).build()?;
-    let mut builder = ProcessGroupCollection::for_layout("candle", layout).with_timeout(TIMEOUT);
+    // The dp groups' host communicators get a symmetric window (1 MiB per rank, plenty for this model's
+    // gradients): `GradSync` flattens its buckets there, and the peers on this host reduce them in place.
+    let options = GroupOptions::from_json(r#"{"dp": {"symmetric_bytes": 1048576}}"#)?;
+    let mut builder = ProcessGroupCollection::for_layout("candle", layout)
+        .with_timeout(TIMEOUT)
+        .with_options(options);
     let device = if args.device == "cuda" {
         // One GPU per local rank, wrapping around when there are fewer GPUs than ranks on this machine.
         let runtime = DeviceRuntime::probe_with_env(|n| std::env::var_os(n))?;

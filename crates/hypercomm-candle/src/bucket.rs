@@ -36,6 +36,20 @@ impl Tally {
     }
 }
 
+/// A bucket that only counts: what plans buckets before anything is flattened.
+impl Fill for Tally {
+    fn elements(&self) -> usize {
+        self.elements
+    }
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+    fn push(&mut self, grad: &Tensor) -> Result<()> {
+        self.add(grad);
+        Ok(())
+    }
+}
+
 /// A bucket: its contents and, per gradient in it, the variable's index and the gradient's first element.
 pub(crate) struct Bucket<F> {
     pub(crate) fill: F,
@@ -97,22 +111,8 @@ impl<F: Fill> Buckets<F> {
 mod tests {
     use candle_core::{DType, Device, Tensor};
 
-    use super::{Bucket, Buckets, Fill, Tally};
+    use super::{Bucket, Buckets, Tally};
     use crate::Result;
-
-    /// A bucket that only counts.
-    impl Fill for Tally {
-        fn elements(&self) -> usize {
-            self.elements
-        }
-        fn bytes(&self) -> usize {
-            self.bytes
-        }
-        fn push(&mut self, grad: &Tensor) -> Result<()> {
-            self.add(grad);
-            Ok(())
-        }
-    }
 
     fn zeros(n: usize, dtype: DType) -> Tensor {
         Tensor::zeros(n, dtype, &Device::Cpu).expect("zeros")

@@ -67,22 +67,49 @@ macro_rules! each {
     };
 }
 
-/// `flat`'s elements as a vector of `like`'s element type (which names the type for `to_vec1`).
-fn vec_of<T: candle_core::WithDType>(flat: &Tensor, _like: &[T]) -> candle_core::Result<Vec<T>> {
-    flat.to_vec1::<T>()
+/// An empty slice of `buf`'s element type that borrows nothing: names the type for [`with_elements`] while `buf`
+/// stays free to be written.
+pub(crate) fn no_elements<T, B: std::ops::Deref<Target = [T]>>(_buf: &B) -> &'static [T] {
+    &[]
 }
 
-/// A collective in flight; [`Pending::wait`] gives back the resulting buffer.
-pub(crate) struct Pending(Box<dyn FnOnce() -> Result<HostBuf, CommError> + Send>);
+/// Calls `f` with a CPU tensor's elements in row-major order, as a slice of `like`'s element type (which names
+/// the type; it must be `t`'s): borrowed straight from candle's storage when `t` is contiguous, else from a
+/// contiguous copy. Borrowing saves a copy of every gradient on its way into a bucket.
+pub(crate) fn with_elements<T: candle_core::WithDType, R>(
+    t: &Tensor,
+    _like: &[T],
+    f: impl FnOnce(&[T]) -> R,
+) -> Result<R> {
+    {
+        let (storage, layout) = t.storage_and_layout();
+        if let (candle_core::Storage::Cpu(cpu), Some((start, end))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            return Ok(f(&cpu.as_slice::<T>()?[start..end]));
+        }
+    }
+    let copy = t.flatten_all()?.to_vec1::<T>()?;
+    Ok(f(&copy))
+}
 
-impl Pending {
+/// A collective in flight; [`Pending::wait`] gives back the resulting buffer (a [`HostBuf`], or the symmetric
+/// buffer of [`crate::symmetric`]).
+pub(crate) struct Pending<B = HostBuf>(Box<dyn FnOnce() -> Result<B, CommError> + Send>);
+
+impl<B> Pending<B> {
+    /// The collective whose result `wait` blocks for.
+    pub(crate) fn new(wait: impl FnOnce() -> Result<B, CommError> + Send + 'static) -> Pending<B> {
+        Pending(Box::new(wait))
+    }
+
     /// Blocks until the collective completes (bounded by the communicator's timeout).
-    pub(crate) fn wait(self) -> Result<HostBuf, CommError> {
+    pub(crate) fn wait(self) -> Result<B, CommError> {
         (self.0)()
     }
 }
 
-impl std::fmt::Debug for Pending {
+impl<B> std::fmt::Debug for Pending<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Pending")
     }
@@ -140,9 +167,7 @@ impl HostBuf {
 
     /// Appends the elements of `t`, which must have this buffer's dtype.
     pub(crate) fn append(&mut self, t: &Tensor) -> Result<()> {
-        let flat = t.flatten_all()?;
-        each!(self, v, _wrap => v.extend(vec_of(&flat, v)?));
-        Ok(())
+        each!(self, v, _wrap => with_elements(t, no_elements(v), |e| v.extend_from_slice(e)))
     }
 
     /// The elements of a custom op's input: `storage` read through `layout`, which must be contiguous (the
@@ -186,14 +211,14 @@ impl HostBuf {
         }
     }
 
+    /// Makes room for `additional` more elements at once (a bucket whose size is planned grows once).
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        each!(self, v, _wrap => v.reserve_exact(additional));
+    }
+
     /// Number of elements.
     pub(crate) fn len(&self) -> usize {
         each!(self, v, _wrap => v.len())
-    }
-
-    /// Size of the elements in bytes.
-    pub(crate) fn bytes(&self) -> usize {
-        each!(self, v, _wrap => std::mem::size_of_val(v.as_slice()))
     }
 
     /// The whole buffer as a tensor of `shape` on `device`.
@@ -250,5 +275,38 @@ impl HostBuf {
             let work = comm.reduce_scatter_into(v, out, op)?;
             Ok(Pending(Box::new(move || work.wait().map(|(_, out)| wrap(out)))))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor};
+
+    use super::HostBuf;
+
+    /// 0, 1, .., n - 1 as f32, shaped `dims`.
+    fn iota(dims: &[usize]) -> Tensor {
+        let n: usize = dims.iter().product();
+        Tensor::arange(0u32, n as u32, &Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .and_then(|t| t.reshape(dims))
+            .expect("iota")
+    }
+
+    #[test]
+    fn appending_reads_views_in_row_major_order() {
+        let m = iota(&[3, 4]);
+        // A contiguous view that starts inside its storage (rows 1-2), borrowed in place.
+        let rows = m.narrow(0, 1, 2).expect("narrow");
+        assert!(rows.is_contiguous());
+        // A transposed view, which is read through a contiguous copy.
+        let cols = m.t().expect("t");
+        assert!(!cols.is_contiguous());
+        let mut buf = HostBuf::empty(DType::F32, "test", "g").expect("empty");
+        buf.append(&rows).expect("rows");
+        buf.append(&cols).expect("cols");
+        let mut want: Vec<f32> = (4..12).map(|x| x as f32).collect();
+        want.extend((0..4).flat_map(|c| (0..3).map(move |r| (r * 4 + c) as f32)));
+        assert_eq!(buf, HostBuf::F32(want));
     }
 }

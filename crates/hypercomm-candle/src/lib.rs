@@ -52,6 +52,7 @@ mod device;
 mod error;
 mod group;
 mod host;
+mod symmetric;
 pub mod tp;
 
 #[cfg(test)]
