@@ -16,9 +16,9 @@
 //! [`hypercomm_comm::symmetric`]); results are the same bits. A bucket that does not fit what is left of the
 //! window goes through a vector instead, on every rank alike, and [`SyncStats::symmetric_buckets`] says how many
 //! went through the window. All buckets are in flight together, so a window of the model's gradient bytes (plus
-//! 64 bytes a bucket) holds them all. Measured on the 2-core development machine (2026-11-24 01:11 UTC, `cargo
+//! 64 bytes a bucket) holds them all. Measured on the 2-core development machine (2026-11-24 01:33 UTC, `cargo
 //! bench --features candle --bench grad_sync`, 2 ranks, 96 MiB of f32 gradients in 25 MiB buckets, four runs of
-//! 15 alternated calls): 43.7-45.8 ms a sync with a window against 73.8-83.6 ms without, medians.
+//! 15 alternated calls): 43.2-45.2 ms a sync with a window against 68.0-68.6 ms without, medians.
 //!
 //! Every rank must pass the same variables (shapes and dtypes) in the same order, so that the buckets line up;
 //! [`GradSync::sync_varmap`] sorts a `VarMap`'s variables by name for that (a `VarMap` iterates a hash map, whose
@@ -155,10 +155,11 @@ impl GradSync {
         for (pending, members) in in_flight {
             let reduced = pending
                 .wait()
-                .map_err(|source| self.group.comm_error(source))?;
+                .map_err(|source| self.group.comm_error(source))?
+                .into_reduced()?;
             for (index, offset) in members {
                 let t = vars[index].as_tensor();
-                grads.insert(t, reduced.tensor_at(offset, t.shape(), t.device())?);
+                grads.insert(t, reduced.gradient(offset, t.shape())?);
             }
         }
         Ok(stats)
@@ -280,11 +281,34 @@ impl HostBucket {
         })
     }
 
-    /// Elements `start..start + shape.elem_count()` as a tensor of `shape` on `device`.
-    fn tensor_at(&self, start: usize, shape: &Shape, device: &Device) -> Result<Tensor> {
+    /// The averages, ready to be handed out as gradients.
+    fn into_reduced(self) -> Result<Reduced> {
+        Ok(match self {
+            HostBucket::Staged(v) => {
+                let len = v.len();
+                Reduced::Tensor(v.into_tensor(len, &Device::Cpu)?)
+            }
+            HostBucket::Symmetric(b) => Reduced::Window(b),
+        })
+    }
+}
+
+/// A reduced host bucket.
+enum Reduced {
+    /// The vector, turned into a 1-D tensor without a copy: each gradient is a view of it, as on the device.
+    Tensor(Tensor),
+    /// The symmetric buffer: each gradient is copied out into a tensor of its own, and the window's space goes
+    /// back when the buffer drops. (Copying the whole bucket into one tensor and handing out views of it measured
+    /// slower in `benches/grad_sync.rs` on 2026-11-24: medians 50.0-55.7 ms against 43.2-45.2, four runs each.)
+    Window(SymBuf),
+}
+
+impl Reduced {
+    /// The gradient of `shape` at element `offset`.
+    fn gradient(&self, offset: usize, shape: &Shape) -> Result<Tensor> {
         match self {
-            HostBucket::Staged(v) => v.tensor_at(start, shape, device),
-            HostBucket::Symmetric(b) => b.tensor_at(start, shape, device),
+            Reduced::Tensor(t) => Ok(t.narrow(0, offset, shape.elem_count())?.reshape(shape)?),
+            Reduced::Window(b) => b.tensor_at(offset, shape, &Device::Cpu),
         }
     }
 }

@@ -226,12 +226,6 @@ impl HostBuf {
         Ok(each!(self, v, _wrap => Tensor::from_vec(v, shape, device)?))
     }
 
-    /// Elements `start..start + shape.elem_count()` as a tensor of `shape` on `device`.
-    pub(crate) fn tensor_at(&self, start: usize, shape: &Shape, device: &Device) -> Result<Tensor> {
-        let end = start + shape.elem_count();
-        Ok(each!(self, v, _wrap => Tensor::from_slice(&v[start..end], shape, device)?))
-    }
-
     /// Issues an in-place all-reduce.
     pub(crate) fn all_reduce(
         self,
