@@ -118,7 +118,8 @@ fn main() {
         times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
         println!(
-            "grad sync, {RANKS} ranks, {} KiB of f32 in 25 MiB buckets, {name:<16}: median {:>8.2} ms ({:.2}-{:.2}) over {} calls, {:.2} GB/s of gradients",
+            "grad sync, {RANKS} ranks, {} KiB of f32 in 25 MiB buckets, {name:<16}: median {:>8.2} ms \
+             ({:.2}-{:.2}) over {} calls, {:.2} GB/s of gradients",
             bytes >> 10,
             median * 1e3,
             times[0] * 1e3,

@@ -61,7 +61,8 @@ fn rank_process() {
             println!("rank {rank} ok");
         }
         "symmetric" => {
-            // Each rank's buffer holds rank-dependent values; the peers read them from this process's window.
+            // Each rank's buffer holds rank-dependent values; the peers read them from this process's window and write
+            // their parts of the sum into it.
             for len in [0, 3, 1000, 100_000, 300_001] {
                 let mine: Vec<f32> = (0..len).map(|i| ((rank * 7 + i) % 13) as f32).collect();
                 let mut buf = comm.symmetric_buffer(len, 0.0f32).unwrap();

@@ -8,7 +8,8 @@ use hypercomm_store::{MemoryStore, Store};
 use process_group_collection::{GroupOptions, ProcessGroupCollection};
 
 /// Runs `f(rank, collection)` on `world` threads, each with its rank's collection over a Megatron layout with
-/// `tp` (dp = world / tp; tp varies fastest, so the tp groups are `{0, 1}, {2, 3}, ..`), and returns the results in rank order.
+/// `tp` (dp = world / tp; tp varies fastest, so the tp groups are `{0, 1}, {2, 3}, ..`), and returns the results
+/// in rank order.
 pub(crate) fn run_ranks<R: Send + 'static>(
     world: usize,
     tp: usize,
