@@ -296,6 +296,18 @@ unsafe fn window_sources(bases: &[*mut u8], me: usize, range: Range<usize>) -> V
         .collect()
 }
 
+/// The rounds of an operation over symmetric buffers read in place: `work` in the first, which starts once every
+/// rank has entered the operation (its buffer holds its input, and no earlier operation on it is still running),
+/// and an empty second, which keeps every rank in until every peer is done reading and writing its buffer. Rounds
+/// carry no data, only the barrier and the header every rank checks.
+fn in_place_rounds(
+    cx: &mut Ctx<'_>,
+    work: &mut dyn FnMut() -> Result<(), CommError>,
+) -> Result<(), CommError> {
+    cx.run(0, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| work())?;
+    cx.run(1, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| Ok(()))
+}
+
 /// Whether an all-reduce of `bytes` takes the latency path: each rank reading every peer's whole buffer stays
 /// within [`LATENCY_READ_LIMIT`] (see the module docs), unless the algorithm is forced.
 fn latency_path(cx: &Ctx<'_>, bytes: usize) -> bool {
@@ -303,8 +315,8 @@ fn latency_path(cx: &Ctx<'_>, bytes: usize) -> bool {
     cx.small_path(bytes.saturating_mul(n - 1) <= LATENCY_READ_LIMIT)
 }
 
-/// Whether a symmetric all-gather or reduce-scatter of `bytes` goes through the slots after all: forced by
-/// [`Algorithm::Latency`], or small enough under [`Algorithm::Auto`] (see [`SYMMETRIC_STAGED_LIMIT`]).
+/// Whether a symmetric collective of `bytes` goes through the slots after all: forced by [`Algorithm::Latency`],
+/// or small enough under [`Algorithm::Auto`] (see [`SYMMETRIC_STAGED_LIMIT`]).
 fn staged(cx: &Ctx<'_>, bytes: usize) -> bool {
     cx.small_path(bytes <= SYMMETRIC_STAGED_LIMIT)
 }
@@ -355,34 +367,27 @@ pub(crate) fn all_reduce_symmetric(
     };
     let comm = cx.comm.to_owned();
     let part_bytes = shift(scale(part(at.len() / s, n, me), s), at.start);
-    for t in 0..2 {
-        cx.run(t, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| {
-            if t > 0 {
-                return Ok(());
-            }
-            for step in pieces(part_bytes.len() / s, (SYMMETRIC_STEP_BYTES / s).max(1)) {
-                let bytes = shift(scale(step, s), part_bytes.start);
-                // SAFETY: part `me` of every buffer, which no peer reads or writes during the operation.
-                let srcs = unsafe { window_sources(&bases, me, bytes.clone()) };
-                // SAFETY: part `me` of this rank's buffer, which no peer touches during the operation and no other
-                // reference in this process covers (the job owns the buffer).
-                let out = unsafe {
-                    std::slice::from_raw_parts_mut(bases[me].add(bytes.start), bytes.len())
+    in_place_rounds(cx, &mut || {
+        for step in pieces(part_bytes.len() / s, (SYMMETRIC_STEP_BYTES / s).max(1)) {
+            let bytes = shift(scale(step, s), part_bytes.start);
+            // SAFETY: part `me` of every buffer, which no peer reads or writes during the operation.
+            let srcs = unsafe { window_sources(&bases, me, bytes.clone()) };
+            // SAFETY: part `me` of this rank's buffer, which no peer touches during the operation and no other
+            // reference in this process covers (the job owns the buffer).
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(bases[me].add(bytes.start), bytes.len()) };
+            reduce(dtype, op, &srcs, out, n).map_err(|f| fault(&comm, f))?;
+            for r in (0..n).filter(|&r| r != me) {
+                // SAFETY: part `me` of rank r's buffer, which only this rank writes during the operation
+                // (rank r reads and writes only its own part); distinct windows, so it does not overlap `out`.
+                let theirs = unsafe {
+                    std::slice::from_raw_parts_mut(bases[r].add(bytes.start), bytes.len())
                 };
-                reduce(dtype, op, &srcs, out, n).map_err(|f| fault(&comm, f))?;
-                for r in (0..n).filter(|&r| r != me) {
-                    // SAFETY: part `me` of rank r's buffer, which only this rank writes during the operation
-                    // (rank r reads and writes only its own part); distinct windows, so it does not overlap `out`.
-                    let theirs = unsafe {
-                        std::slice::from_raw_parts_mut(bases[r].add(bytes.start), bytes.len())
-                    };
-                    theirs.copy_from_slice(out);
-                }
+                theirs.copy_from_slice(out);
             }
-            Ok(())
-        })?;
-    }
-    Ok(())
+        }
+        Ok(())
+    })
 }
 
 /// In-place all-gather over symmetric buffers of `n` blocks: block `r` of every rank's buffer becomes rank `r`'s.
@@ -412,25 +417,22 @@ pub(crate) fn all_gather_symmetric(
     // 11.16 ordinary stores against 9.60 non-temporal (slower in 12 of 12), 12 MiB 6.89 against 9.19, 16 MiB
     // 5.42 against 7.08, 24 MiB 4.45 against 5.68 (faster in 12 of 12 each).
     let stream = at.len() > stream_copy::STREAM_OUTPUT_BYTES;
-    for t in 0..2 {
-        cx.run(t, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| {
-            for r in (0..n).filter(|&r| t == 0 && r != me) {
-                let b = at.start + r * block;
-                // SAFETY: block r of rank r's buffer, which nobody writes during the operation, and block r of
-                // this rank's, which nobody else reads or writes and no other reference in this process covers;
-                // distinct windows, so the two do not overlap.
-                let (from, to) = unsafe {
-                    (
-                        std::slice::from_raw_parts(bases[r].add(b), block),
-                        std::slice::from_raw_parts_mut(own.add(b), block),
-                    )
-                };
-                stream_copy::copy(to, from, stream);
-            }
-            Ok(())
-        })?;
-    }
-    Ok(())
+    in_place_rounds(cx, &mut || {
+        for r in (0..n).filter(|&r| r != me) {
+            let b = at.start + r * block;
+            // SAFETY: block r of rank r's buffer, which nobody writes during the operation, and block r of
+            // this rank's, which nobody else reads or writes and no other reference in this process covers;
+            // distinct windows, so the two do not overlap.
+            let (from, to) = unsafe {
+                (
+                    std::slice::from_raw_parts(bases[r].add(b), block),
+                    std::slice::from_raw_parts_mut(own.add(b), block),
+                )
+            };
+            stream_copy::copy(to, from, stream);
+        }
+        Ok(())
+    })
 }
 
 /// In-place reduce-scatter over symmetric buffers of `n` blocks: block `me` of this rank's buffer becomes the
@@ -456,21 +458,15 @@ pub(crate) fn reduce_scatter_symmetric(
     let own = win.own();
     let comm = cx.comm.to_owned();
     let mine = at.start + me * block..at.start + (me + 1) * block;
-    for t in 0..2 {
-        cx.run(t, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| {
-            if t > 0 {
-                return Ok(());
-            }
-            // SAFETY: block `me` of a buffer is read only by this rank's operation and written by nobody
-            // during it.
-            let srcs = unsafe { window_sources(&bases, me, mine.clone()) };
-            // SAFETY: block `me` of this rank's buffer, which no peer reads or writes (each reads its own block of
-            // every buffer) and no other reference in this process covers.
-            let out = unsafe { std::slice::from_raw_parts_mut(own.add(mine.start), block) };
-            reduce(dtype, op, &srcs, out, n).map_err(|f| fault(&comm, f))
-        })?;
-    }
-    Ok(())
+    in_place_rounds(cx, &mut || {
+        // SAFETY: block `me` of a buffer is read only by this rank's operation and written by nobody
+        // during it.
+        let srcs = unsafe { window_sources(&bases, me, mine.clone()) };
+        // SAFETY: block `me` of this rank's buffer, which no peer reads or writes (each reads its own block of
+        // every buffer) and no other reference in this process covers.
+        let out = unsafe { std::slice::from_raw_parts_mut(own.add(mine.start), block) };
+        reduce(dtype, op, &srcs, out, n).map_err(|f| fault(&comm, f))
+    })
 }
 
 /// In-place broadcast of `buf` from `root`.
