@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use hypercomm::candle::candle_core::{DType, Device, Tensor, Var};
 use hypercomm::candle::{GradSync, TensorGroup};
+use hypercomm::comm::bench::{Placement, rank_cpus};
 use hypercomm::comm::{BackendKind, CommOptions, Communicator};
 use hypercomm::store::{MemoryStore, Store};
 
@@ -27,16 +28,12 @@ fn rank(
     vars_len: &[usize],
     iters: usize,
 ) -> (Vec<f64>, Vec<f64>) {
-    if let Ok(allowed) = rustix::thread::sched_getaffinity(None) {
-        let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
-            .filter(|&c| allowed.is_set(c))
-            .collect();
-        if cpus.len() >= RANKS {
-            let mut set = rustix::thread::CpuSet::new();
-            set.set(cpus[me]);
-            // Best effort: an unbound run still measures, only more noisily.
-            let _ = rustix::thread::sched_setaffinity(None, &set);
-        }
+    // One CPU per rank, as `hypercomm bench` places its ranks.
+    if let Some(cpus) = rank_cpus(Placement::OneCpuEach, RANKS) {
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(cpus[me]);
+        // Best effort: an unbound run still measures, only more noisily.
+        let _ = rustix::thread::sched_setaffinity(None, &set);
     }
     let bytes: usize = vars_len.iter().sum::<usize>() * 4;
     let comm = |name: &str, window: usize| {
