@@ -47,11 +47,12 @@
 //!   physical core, most likely) the runs where the 1-4 MiB sizes lose a quarter of their speed.
 //! - **Symmetric buffers remove the staging.** With [`BenchConfig::symmetric`] (`hypercomm bench --symmetric`)
 //!   the all-reduce, all-gather and reduce-scatter run in place on [`SymmetricBuffer`](crate::SymmetricBuffer)s,
-//!   which the peers read where they are (see [`crate::symmetric`]): no copy into a slot and out again. The
-//!   in-place all-gather reads only the `S(n-1)/n` bytes it lacks and writes them once, so at 16 MiB its busbw
-//!   meets the all-reduce's instead of trailing it. On the development machine (2026-11-23, three sets of 8-10
-//!   alternations) 16 MiB ran all-reduce 5.79-8.52, all-gather 7.01-8.03 and reduce-scatter 5.52-7.82 GB/s
-//!   busbw symmetric, against 4.37-5.93, 2.78-3.37 and 2.77-3.69 on vectors (the README has the tables).
+//!   which the peers read (and the all-reduce writes) where they are (see [`crate::symmetric`]): no copy into a
+//!   slot and out again. The in-place all-gather reads only the `S(n-1)/n` bytes it lacks and writes them once.
+//!   On the development machine (2026-11-24 00:54 UTC, ten alternations, medians) 16 MiB ran all-reduce 19.74,
+//!   all-gather 14.30 and reduce-scatter 11.95 GB/s busbw symmetric, against 5.82, 4.22 and 4.61 on vectors:
+//!   the gather and scatter pass the all-reduce on vectors but not the symmetric one, which runs near memory
+//!   speed (the README has the tables and the accounting).
 //!
 //! Each iteration's time is the collective alone: refilling the all-reduce's buffer between iterations (so that
 //! sums stay bounded) happens after the clock stops.
