@@ -383,7 +383,8 @@ pub const SMALL_SCRATCH: usize = 256;
 pub const SIZES: [usize; 4] = [0, 1, 7, 1000];
 
 /// The whole matrix on `comm` (best with `SMALL_SCRATCH`): every collective, type and reduction at `SIZES`;
-/// all-reduce with each algorithm forced; and 1 MiB+ buffers of every type with the default scratch.
+/// every collective with each algorithm forced (direct reads at every size and type); and 1 MiB+ buffers of every
+/// type with the default scratch, and of two types with the staged pipeline forced.
 pub fn full_matrix(comm: &Communicator) {
     for len in SIZES {
         check_all_types(comm, len);
@@ -391,6 +392,7 @@ pub fn full_matrix(comm: &Communicator) {
     for algorithm in [
         hypercomm::comm::Algorithm::Latency,
         hypercomm::comm::Algorithm::Bandwidth,
+        hypercomm::comm::Algorithm::Direct,
     ] {
         let opts = hypercomm::comm::CommOptions {
             algorithm,
@@ -400,13 +402,28 @@ pub fn full_matrix(comm: &Communicator) {
         check_type::<f32>(&forced, 33);
         check_type::<half::bf16>(&forced, 1000);
         check_type::<i64>(&forced, 7);
+        if algorithm == hypercomm::comm::Algorithm::Direct {
+            // Every type, empty and one-element buffers: parts and blocks of zero bytes read nothing.
+            for len in SIZES {
+                check_all_types(&forced, len);
+            }
+        }
     }
     // 1 MiB+ per rank (odd element count) with the default scratch: the bandwidth path in several pieces.
     let opts = hypercomm::comm::CommOptions {
         scratch_bytes: None,
         ..comm.options().clone()
     };
-    let big = comm.split_with(Some(0), 0, opts).unwrap().unwrap();
+    let big = comm.split_with(Some(0), 0, opts.clone()).unwrap().unwrap();
+    // From 2 ranks Auto reads the all-gather's and reduce-scatter's buffers (n blocks of 1 MiB+) directly where
+    // it can; the staged pipeline gets them too.
+    let staged = hypercomm::comm::CommOptions {
+        algorithm: hypercomm::comm::Algorithm::Bandwidth,
+        ..opts
+    };
+    let staged = comm.split_with(Some(0), 0, staged).unwrap().unwrap();
+    big_buffers::<f32>(&staged);
+    big_buffers::<half::bf16>(&staged);
     big_buffers::<f32>(&big);
     big_buffers::<f64>(&big);
     big_buffers::<half::f16>(&big);

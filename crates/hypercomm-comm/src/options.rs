@@ -34,6 +34,10 @@ pub enum Algorithm {
     Latency,
     /// Chunked, pipelined reduce-scatter plus all-gather: least data moved per rank.
     Bandwidth,
+    /// All-reduce, all-gather and reduce-scatter read the peers' buffers where they are, one copy by the kernel
+    /// (cross-memory attach, `process_vm_readv`), where the ranks share a host and may read each other's memory;
+    /// otherwise, and for the other collectives, as `Bandwidth`. `Auto` takes it for buffers of 2 to 16 MiB (all-gather outputs from 512 KiB).
+    Direct,
 }
 
 /// Options for a communicator.

@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hypercomm_comm::CommOptions;
 use hypercomm_comm::bench::{self, BenchConfig, BenchOp, BenchResult, Placement, core_to_core};
+use hypercomm_comm::{Algorithm, CommOptions};
 
 use super::provenance::Provenance;
 use crate::error::CliError;
@@ -23,6 +23,35 @@ impl Backend {
         match self {
             Backend::Host => "host",
             Backend::Nccl => "nccl",
+        }
+    }
+}
+
+/// The host algorithm `hypercomm bench --algorithm` forces (see `hypercomm_comm::Algorithm`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum AlgorithmArg {
+    Auto,
+    Latency,
+    Bandwidth,
+    Direct,
+}
+
+impl AlgorithmArg {
+    fn algorithm(self) -> Algorithm {
+        match self {
+            AlgorithmArg::Auto => Algorithm::Auto,
+            AlgorithmArg::Latency => Algorithm::Latency,
+            AlgorithmArg::Bandwidth => Algorithm::Bandwidth,
+            AlgorithmArg::Direct => Algorithm::Direct,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            AlgorithmArg::Auto => "auto",
+            AlgorithmArg::Latency => "latency",
+            AlgorithmArg::Bandwidth => "bandwidth",
+            AlgorithmArg::Direct => "direct",
         }
     }
 }
@@ -68,6 +97,11 @@ pub struct Args {
     /// windows, instead of on vectors staged through the shared slots.
     #[arg(long)]
     symmetric: bool,
+    /// Host: the algorithm family. auto chooses by size; latency and bandwidth force the staged paths through the
+    /// shared slots; direct makes all_reduce, all_gather and reduce_scatter read the peers' buffers where they are
+    /// (one copy by the kernel, `process_vm_readv`), which auto does from 2 MiB (all_gather 512 KiB) to 16 MiB where the ranks may.
+    #[arg(long, value_enum, default_value_t = AlgorithmArg::Auto)]
+    algorithm: AlgorithmArg,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -200,6 +234,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         options: CommOptions {
             timeout: Duration::from_secs(120),
             force_tcp: args.tcp,
+            algorithm: args.algorithm.algorithm(),
             ..CommOptions::named("bench")
         },
         max_iters: args.iters.max(1),
@@ -224,6 +259,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     );
     let buffers = HostBuffers::of(&args);
     println!("# buffers: {}", buffers.described());
+    println!("# algorithm: {}", args.algorithm.name());
     println!(
         "# busbw factor {:.3}; time is the median of each size's iterations",
         op.bus_factor(ranks)
@@ -285,6 +321,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         let mut extra = vec![
             ("placement", placement),
             ("buffers", buffers.json().into()),
+            ("algorithm", args.algorithm.name().into()),
             ("core_to_core", core_to_core),
         ];
         if args.runs > 1 {

@@ -20,6 +20,7 @@
 
 use std::ops::Range;
 
+use super::direct;
 use super::header::{Header, OpKind};
 use super::stream_copy;
 use super::transport::{Consume, Peers, Round, Seg, Transport};
@@ -62,20 +63,20 @@ pub(crate) const SYMMETRIC_STEP_BYTES: usize = 16 * 1024;
 pub(crate) const SYMMETRIC_STAGED_LIMIT: usize = 4096;
 
 /// Elements `[i * len / n, (i + 1) * len / n)`: the `i`-th of `n` nearly equal parts of `len`.
-pub(crate) fn part(len: usize, n: usize, i: usize) -> Range<usize> {
+pub(super) fn part(len: usize, n: usize, i: usize) -> Range<usize> {
     (i * len / n)..((i + 1) * len / n)
 }
 
-fn scale(r: Range<usize>, s: usize) -> Range<usize> {
+pub(super) fn scale(r: Range<usize>, s: usize) -> Range<usize> {
     r.start * s..r.end * s
 }
 
-fn shift(r: Range<usize>, by: usize) -> Range<usize> {
+pub(super) fn shift(r: Range<usize>, by: usize) -> Range<usize> {
     r.start + by..r.end + by
 }
 
 /// Pieces of `len` elements of at most `piece` each; at least one (possibly empty) piece.
-fn pieces(len: usize, piece: usize) -> Vec<Range<usize>> {
+pub(super) fn pieces(len: usize, piece: usize) -> Vec<Range<usize>> {
     let piece = piece.max(1);
     if len == 0 {
         return vec![0..0];
@@ -85,7 +86,7 @@ fn pieces(len: usize, piece: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
-fn fault(comm: &str, f: ReduceFault) -> CommError {
+pub(super) fn fault(comm: &str, f: ReduceFault) -> CommError {
     CommError::Protocol {
         comm: comm.to_owned(),
         what: format!("local reduction failed: {f:?}"),
@@ -111,12 +112,12 @@ impl Ctx<'_> {
     fn small_path(&self, small: bool) -> bool {
         match self.algorithm {
             Algorithm::Latency => true,
-            Algorithm::Bandwidth => false,
+            Algorithm::Bandwidth | Algorithm::Direct => false,
             Algorithm::Auto => small,
         }
     }
 
-    fn run(
+    pub(super) fn run(
         &mut self,
         index: u64,
         publish: Vec<Seg>,
@@ -146,7 +147,7 @@ impl Ctx<'_> {
     }
 }
 
-fn all(src_len: usize) -> Vec<Range<usize>> {
+pub(super) fn all(src_len: usize) -> Vec<Range<usize>> {
     vec![0..src_len]
 }
 
@@ -160,6 +161,10 @@ pub(crate) fn all_reduce(
     let n = cx.t.size();
     if latency_path(cx, buf.len()) || n == 1 {
         all_reduce_latency(cx, buf, dtype, op)
+    } else if direct::wanted(cx, buf.len(), direct::MIN_BYTES)
+        && direct::all_reduce(cx, buf, dtype, op)?
+    {
+        Ok(())
     } else {
         all_reduce_bandwidth(cx, buf, dtype, op)
     }
@@ -573,6 +578,11 @@ pub(crate) fn all_gather(
     per_rank: usize,
     dtype: DType,
 ) -> Result<(), CommError> {
+    if direct::wanted(cx, out.len(), direct::ALL_GATHER_MIN_BYTES)
+        && direct::all_gather(cx, input, out, per_rank)?
+    {
+        return Ok(());
+    }
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
     let stream = stream_copy::bypass_cache(out.len());
     for (i, p) in pieces(per_rank / s, cx.elems_per_round(s))
@@ -652,6 +662,11 @@ pub(crate) fn reduce_scatter(
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    if direct::wanted(cx, block * n, direct::MIN_BYTES)
+        && direct::reduce_scatter(cx, input, out, block, dtype, op)?
+    {
+        return Ok(());
+    }
     let comm = cx.comm.to_owned();
     let per_piece = (cx.elems_per_round(s) / (n - 1).max(1)).max(1);
     for (i, p) in pieces(block / s, per_piece).into_iter().enumerate() {

@@ -4,10 +4,14 @@
 //! (an anonymous memfd handed over a nameless socket, so nothing is left behind however a rank ends);
 //! otherwise, or with [`CommOptions::force_tcp`](crate::CommOptions::force_tcp), through a full mesh of TCP
 //! connections. Both transports implement the same round primitive ([`transport`]), and every collective is
-//! written once against it ([`algorithms`]).
+//! written once against it ([`algorithms`]). On one host the large all-reduce, all-gather and reduce-scatter
+//! skip the staging where the ranks may read each other's memory: they read the peers' buffers where they are,
+//! one copy by the kernel ([`direct`], [`cross_memory`]).
 
 mod algorithms;
 mod bootstrap;
+mod cross_memory;
+mod direct;
 mod fdpass;
 mod header;
 mod liveness;

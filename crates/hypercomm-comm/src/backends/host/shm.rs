@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
+use super::cross_memory::Attach;
 use super::header::{HEADER_BYTES, Header, disagreement, p2p_mismatch};
 use super::liveness::process_alive;
 use super::segment::{PREFIX, Segment};
@@ -46,6 +47,8 @@ pub(crate) struct ShmTransport {
     round_no: u64,
     /// Process ids of the ranks, from the bootstrap records (for liveness checks before a rank attaches).
     pids: Vec<u32>,
+    /// Direct reads of the peers' buffers.
+    attach: Attach,
 }
 
 impl ShmTransport {
@@ -64,6 +67,7 @@ impl ShmTransport {
             timeout,
             round_no: 0,
             pids,
+            attach: Attach::new(),
         }
     }
 
@@ -394,6 +398,10 @@ impl Transport for ShmTransport {
             self.ring();
         }
         Ok(())
+    }
+
+    fn attach(&mut self) -> Option<&mut Attach> {
+        Some(&mut self.attach)
     }
 
     fn sever(&mut self, peer: usize) -> Result<(), CommError> {

@@ -8,6 +8,7 @@
 
 use std::ops::Range;
 
+use super::cross_memory::Attach;
 use super::header::Header;
 use crate::CommError;
 
@@ -62,6 +63,11 @@ pub(crate) trait Transport: Send {
     fn recv(&mut self, peer: usize, header: &Header, data: &mut [u8]) -> Result<(), CommError>;
     /// Tells the peers this rank gives up, so that their waits fail at once.
     fn abort(&mut self);
+    /// This rank's side of reading the peers' buffers where they are ([`cross_memory`](super::cross_memory)),
+    /// for transports whose ranks share a host; `None` for the others.
+    fn attach(&mut self) -> Option<&mut Attach> {
+        None
+    }
     /// Fault injection for tests: drops the connection to `peer` the way a failing network would. Transports
     /// without per-peer connections refuse with [`CommError::InvalidArgument`].
     fn sever(&mut self, peer: usize) -> Result<(), CommError>;

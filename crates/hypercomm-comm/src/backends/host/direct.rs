@@ -1,0 +1,311 @@
+//! The large all-reduce, all-gather and reduce-scatter on ordinary buffers, reading the peers' buffers where they
+//! are ([`cross_memory`](super::cross_memory)) instead of staging them through the shared-memory slots.
+//!
+//! Staged, every byte a rank receives is copied twice: by its owner into a slot, and by the rank out of it (or read
+//! by a reduction). Direct, the kernel copies it once, from the owner's buffer into the reader's. Each operation
+//! starts with a round in which every rank publishes where its buffer is (a [`Record`]); the work follows, with
+//! barriers (rounds that carry no data) between its phases and before anyone returns, so that no rank reads a
+//! buffer its owner is still writing or has already handed back:
+//!
+//! - all-reduce: each rank reduces its part `me` (`1/n` of the buffer) of every rank's buffer into its own, the
+//!   peers' bytes read in steps of [`STEP_BYTES`] into a scratch that stays in the cache; barrier; each rank reads
+//!   every peer's reduced part into its own buffer; barrier. Results are the rank-order fold, bit-identical to the
+//!   staged algorithms'.
+//! - all-gather: each rank reads every peer's contribution straight into its output; barrier.
+//! - reduce-scatter: each rank reduces block `me` of every rank's input, the peers' read as in the all-reduce;
+//!   barrier.
+//!
+//! Rank `me` writes only what no peer reads during the same phase: its part `me` while the peers read their parts
+//! of its buffer, the other parts once every part is reduced (the all-reduce); blocks other than the one it
+//! contributes (an in-place all-gather); its output (a reduce-scatter, whose peers read its input, or in place its
+//! blocks other than `me`).
+//!
+//! The first direct operation of a communicator also finds out whether the ranks may read each other's memory
+//! (see [`cross_memory`](super::cross_memory)); where they may not, it and every later one run the staged
+//! algorithm, on every rank alike.
+
+use std::cmp::Ordering;
+use std::ops::Range;
+
+use super::algorithms::{Ctx, all, fault, part, pieces, scale, shift};
+use super::cross_memory::{Agreement, RECORD_BYTES, Record};
+use super::liveness::process_alive;
+use super::stream_copy;
+use super::transport::Seg;
+use crate::CommError;
+use crate::element::{DType, ReduceOp, as_bytes, as_bytes_mut};
+use crate::options::Algorithm;
+use crate::reduce::{Src, reduce};
+
+/// The sizes (bytes of an operation's largest buffer) that [`Algorithm::Auto`] runs direct: from `MIN_BYTES`
+/// ([`ALL_GATHER_MIN_BYTES`] for the all-gather) to [`MAX_BYTES`]. Below, the staged pipeline's pieces stay in the cache and the direct path's extra rounds and system
+/// calls do not pay; above, it loses too, for a reason not found yet (working through the all-reduce's buffer in
+/// chunks of 0.5-4 MiB, each reduced and then gathered, so that the second phase reads what the peers wrote
+/// moments before, did not help: 64 MiB ran 3.38-3.52 GB/s against 4.24 staged, five alternations at 03:30 UTC;
+/// the kernel's copy pins the peer's pages in small batches, which stays a suspect). Measured on the 2-core
+/// development machine
+/// (2026-11-24 03:18-03:20 UTC, `hypercomm bench --backend host -n 2 --op OP --algorithm bandwidth|direct`, five
+/// alternations, median busbw in GB/s, staged against direct): all-reduce 1 MiB 5.79 / 4.88, 2 MiB 5.53 / 6.29,
+/// 16 MiB 6.00-6.50 / 7.85-8.16, 32 MiB 5.38-6.50 / 6.46-7.31, 64 MiB 5.05-5.67 / 3.59-3.98; all-gather 2 MiB
+/// 4.66 / 6.53, 16 MiB 4.26-4.44 / 5.06-5.47, 32 MiB 3.72-4.40 / 3.10-4.04; reduce-scatter 2 MiB 5.18 / 4.92,
+/// 4 MiB 4.69 / 5.01, 16 MiB 4.55-4.93 / 5.10-5.43, 32 MiB 3.45-4.27 / 2.74-2.97.
+///
+/// Between 256 KiB and 2 MiB (03:31 UTC, eight alternations, staged / direct): all-reduce 512 KiB 5.52 / 5.93,
+/// 1 MiB 5.75 / 4.80 (direct faster in 1 of 8), 2 MiB 5.83 / 6.10; reduce-scatter 512 KiB 6.60 / 8.74, 1 MiB
+/// 5.42 / 5.49 (3 of 8), 2 MiB 5.48 / 6.01; all-gather 256 KiB 6.93 / 5.66, 512 KiB 7.16 / 12.32, 1 MiB 6.22 /
+/// 9.00, 2 MiB 4.86 / 6.49 (8 of 8 from 512 KiB).
+pub(crate) const MIN_BYTES: usize = 2 << 20;
+/// See [`MIN_BYTES`].
+pub(crate) const ALL_GATHER_MIN_BYTES: usize = 512 << 10;
+/// See [`MIN_BYTES`].
+pub(crate) const MAX_BYTES: usize = 16 << 20;
+
+/// Bytes of each peer's contribution read into the scratch per reduction step.
+pub(crate) const STEP_BYTES: usize = 256 * 1024;
+
+/// The `extra` word of the rounds of direct operations, apart from the staged algorithms' piece numbers, so that
+/// ranks that took different paths would fail with a mismatch rather than exchange the wrong bytes.
+const ROUND: u64 = 1 << 40;
+
+/// Whether an operation whose largest buffer is `bytes` asks to run direct: forced by [`Algorithm::Direct`], or
+/// between `min` and [`MAX_BYTES`] under [`Algorithm::Auto`] (see [`MIN_BYTES`]). It runs direct only if the
+/// ranks may also read each other's memory.
+pub(crate) fn wanted(cx: &Ctx<'_>, bytes: usize, min: usize) -> bool {
+    cx.t.size() > 1
+        && match cx.algorithm {
+            Algorithm::Direct => true,
+            Algorithm::Auto => (min..=MAX_BYTES).contains(&bytes),
+            Algorithm::Latency | Algorithm::Bandwidth => false,
+        }
+}
+
+/// A round that carries no data: every rank has arrived when it returns.
+fn barrier(cx: &mut Ctx<'_>, index: u64) -> Result<(), CommError> {
+    cx.run(
+        ROUND + index,
+        vec![],
+        &|_, _| vec![],
+        &[],
+        &mut [],
+        &mut |_, _| Ok(()),
+    )
+}
+
+/// Publishes this rank's buffer (`len` bytes at `addr`) and returns every rank's record, in rank order; `None`
+/// when the ranks may not read each other's memory (every rank returns `None` alike, and the operation must run
+/// staged). The first call on a communicator probes every peer and agrees on the answer in a second round.
+fn records(
+    cx: &mut Ctx<'_>,
+    addr: *const u8,
+    len: usize,
+) -> Result<Option<Vec<Record>>, CommError> {
+    let (n, me) = (cx.t.size(), cx.t.rank());
+    let Some(attach) = cx.t.attach() else {
+        return Ok(None);
+    };
+    let agreement = attach.agreement;
+    if agreement == Agreement::Refused {
+        return Ok(None);
+    }
+    let own = attach.record(addr, len);
+    let encoded = own.encode();
+    let comm = cx.comm.to_owned();
+    let mut records = vec![own; n];
+    cx.run(
+        ROUND,
+        vec![Seg::In(0..RECORD_BYTES)],
+        &|_, _| all(RECORD_BYTES),
+        &encoded,
+        &mut [],
+        &mut |_, peers| {
+            for r in (0..n).filter(|&r| r != me) {
+                records[r] = Record::decode(peers.get(r, 0..RECORD_BYTES)?).ok_or_else(|| {
+                    CommError::Protocol {
+                        comm: comm.clone(),
+                        what: format!("rank {r} published an undecodable buffer record"),
+                    }
+                })?;
+            }
+            Ok(())
+        },
+    )?;
+    if agreement == Agreement::Untested {
+        let reached = (0..n).all(|r| r == me || records[r].reachable());
+        let mut everyone = reached;
+        cx.run(
+            ROUND + 1,
+            vec![Seg::In(0..1)],
+            &|_, _| all(1),
+            &[u8::from(reached)],
+            &mut [],
+            &mut |_, peers| {
+                for r in (0..n).filter(|&r| r != me) {
+                    everyone &= peers.get(r, 0..1)? == [1];
+                }
+                Ok(())
+            },
+        )?;
+        if !reached {
+            tracing::debug!(
+                comm = cx.comm,
+                "this rank cannot read its peers' memory (process_vm_readv): collectives stage through shared memory"
+            );
+        }
+        if let Some(attach) = cx.t.attach() {
+            attach.agreement = if everyone {
+                Agreement::Works
+            } else {
+                Agreement::Refused
+            };
+        }
+        if !everyone {
+            return Ok(None);
+        }
+    }
+    Ok(Some(records))
+}
+
+/// Reads bytes `at` of rank `r`'s buffer into `dst`. A failure names rank `r` as dead when its process is gone
+/// (the read then fails with ESRCH or finds the memory unmapped), as a wait on it would.
+fn read(
+    comm: &str,
+    records: &[Record],
+    r: usize,
+    at: usize,
+    dst: &mut [u8],
+) -> Result<(), CommError> {
+    let during = format!(
+        "reading bytes {at}..{} of rank {r}'s buffer in process {}",
+        at + dst.len(),
+        records[r].pid
+    );
+    records[r].read(at, dst).map_err(|source| {
+        if process_alive(records[r].pid) {
+            CommError::Io {
+                comm: comm.to_owned(),
+                what: during,
+                source,
+            }
+        } else {
+            CommError::peer_died(comm, vec![r], during)
+        }
+    })
+}
+
+/// Reduces bytes `at` of every rank's buffer, in rank order, into `out` (whose length is `at`'s): this rank's
+/// contribution is `own` (`None`: `out` holds it), the peers' are read in steps of [`STEP_BYTES`].
+#[allow(clippy::too_many_arguments)]
+fn reduce_from_peers(
+    cx: &Ctx<'_>,
+    records: &[Record],
+    at: Range<usize>,
+    own: Option<&[u8]>,
+    out: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    let step = (STEP_BYTES / s).max(1);
+    // One scratch per peer, of u64 so that every element type is aligned in it.
+    let mut scratch: Vec<Vec<u64>> = (0..n - 1)
+        .map(|_| vec![0u64; (step * s).div_ceil(8)])
+        .collect();
+    for piece in pieces(at.len() / s, step) {
+        let bytes = scale(piece, s);
+        let len = bytes.len();
+        for (k, r) in (0..n).filter(|&r| r != me).enumerate() {
+            let dst = &mut as_bytes_mut(&mut scratch[k])[..len];
+            read(cx.comm, records, r, at.start + bytes.start, dst)?;
+        }
+        // Scratch `k` holds the k-th peer in rank order, so rank r's is r's position among the ranks but `me`.
+        let srcs: Vec<Src<'_>> = (0..n)
+            .map(|r| match r.cmp(&me) {
+                Ordering::Equal => own.map_or(Src::Out, |own| Src::Bytes(&own[bytes.clone()])),
+                Ordering::Less => Src::Bytes(&as_bytes(&scratch[r])[..len]),
+                Ordering::Greater => Src::Bytes(&as_bytes(&scratch[r - 1])[..len]),
+            })
+            .collect();
+        reduce(dtype, op, &srcs, &mut out[bytes], n).map_err(|f| fault(cx.comm, f))?;
+    }
+    Ok(())
+}
+
+/// In-place all-reduce of `buf`, direct. `Ok(false)`: the ranks may not read each other's memory, nothing was
+/// changed, and the caller runs the staged algorithm.
+pub(crate) fn all_reduce(
+    cx: &mut Ctx<'_>,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<bool, CommError> {
+    let Some(records) = records(cx, buf.as_ptr(), buf.len())? else {
+        return Ok(false);
+    };
+    let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
+    let mine = scale(part(buf.len() / s, n, me), s);
+    reduce_from_peers(cx, &records, mine.clone(), None, &mut buf[mine], dtype, op)?;
+    barrier(cx, 2)?;
+    for r in (0..n).filter(|&r| r != me) {
+        let theirs = scale(part(buf.len() / s, n, r), s);
+        read(cx.comm, &records, r, theirs.start, &mut buf[theirs])?;
+    }
+    barrier(cx, 3)?;
+    Ok(true)
+}
+
+/// All-gather of `per_rank` bytes from each rank into `out`, direct (`input: None`: in place, this rank's
+/// contribution at block `me` of `out`). `Ok(false)` as for [`all_reduce`].
+pub(crate) fn all_gather(
+    cx: &mut Ctx<'_>,
+    input: Option<&[u8]>,
+    out: &mut [u8],
+    per_rank: usize,
+) -> Result<bool, CommError> {
+    let (n, me) = (cx.t.size(), cx.t.rank());
+    let block = |r: usize| shift(0..per_rank, r * per_rank);
+    let contribution = input.map_or_else(|| out[block(me)].as_ptr(), <[u8]>::as_ptr);
+    let Some(records) = records(cx, contribution, per_rank)? else {
+        return Ok(false);
+    };
+    if let Some(input) = input {
+        let stream = stream_copy::bypass_cache(out.len());
+        stream_copy::copy(&mut out[block(me)], input, stream);
+    }
+    for r in (0..n).filter(|&r| r != me) {
+        read(cx.comm, &records, r, 0, &mut out[block(r)])?;
+    }
+    barrier(cx, 2)?;
+    Ok(true)
+}
+
+/// Reduce-scatter of `n` blocks of `block` bytes, direct: block `me` of every rank's input reduced into `out`
+/// (`input: None`: in place, `out` holds the blocks and block `me` is reduced). `Ok(false)` as for [`all_reduce`].
+pub(crate) fn reduce_scatter(
+    cx: &mut Ctx<'_>,
+    input: Option<&[u8]>,
+    out: &mut [u8],
+    block: usize,
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<bool, CommError> {
+    let me = cx.t.rank();
+    let (addr, len) = input.map_or((out.as_ptr(), out.len()), |i| (i.as_ptr(), i.len()));
+    let Some(records) = records(cx, addr, len)? else {
+        return Ok(false);
+    };
+    let mine = shift(0..block, me * block);
+    match input {
+        Some(input) => reduce_from_peers(
+            cx,
+            &records,
+            mine.clone(),
+            Some(&input[mine]),
+            &mut out[..block],
+            dtype,
+            op,
+        )?,
+        None => reduce_from_peers(cx, &records, mine.clone(), None, &mut out[mine], dtype, op)?,
+    }
+    barrier(cx, 2)?;
+    Ok(true)
+}
