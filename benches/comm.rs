@@ -29,6 +29,7 @@ fn main() {
             placement: Placement::OneCpuEach,
             huge_pages: false,
             symmetric: false,
+            in_place: false,
         };
         let results = match run(&config, &|_| {}) {
             Ok(r) => r,

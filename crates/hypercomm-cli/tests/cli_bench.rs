@@ -232,6 +232,38 @@ fn symmetric_buffers_are_benchmarked_and_recorded() {
 }
 
 #[test]
+fn in_place_runs_and_the_algorithm_are_benchmarked_and_recorded() {
+    let dir = scratch("in-place");
+    for op in ["all_gather", "reduce_scatter"] {
+        let json = dir.join(format!("{op}.json"));
+        let out = hypercomm(&[
+            "bench",
+            "--op",
+            op,
+            "--sizes",
+            "1KiB:64KiB",
+            "--iters",
+            "5",
+            "--in-place",
+            "--algorithm",
+            "direct",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        assert!(stdout.contains("# algorithm: direct; in place"), "{stdout}");
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(doc["in_place"], true, "{doc}");
+        assert_eq!(doc["algorithm"], "direct", "{doc}");
+        let rows = doc["results"].as_array().unwrap();
+        assert_eq!(rows.len(), 7, "1 KiB to 64 KiB doubling: {doc}");
+        assert!(rows.iter().all(|r| r["busbw_GBps"].as_f64().unwrap() > 0.0));
+    }
+}
+
+#[test]
 fn bad_arguments_exit_with_status_2_and_say_which() {
     for (args, needle) in [
         (
@@ -256,6 +288,22 @@ fn bad_arguments_exit_with_status_2_and_say_which() {
         (
             vec!["bench", "--symmetric", "--huge-pages"],
             "not with --huge-pages",
+        ),
+        (
+            vec!["bench", "--op", "all_reduce", "--in-place"],
+            "not with --op all_reduce",
+        ),
+        (
+            vec!["bench", "--op", "all_gather", "--in-place", "--symmetric"],
+            "not with --symmetric",
+        ),
+        (
+            vec!["bench", "--algorithm", "fastest"],
+            "invalid value 'fastest' for '--algorithm",
+        ),
+        (
+            vec!["bench", "--backend", "nccl", "--algorithm", "direct"],
+            "the nccl backend picks its own",
         ),
     ] {
         let out = hypercomm(&args);

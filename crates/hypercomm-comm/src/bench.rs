@@ -285,6 +285,10 @@ pub struct BenchConfig {
     /// [`Communicator::all_reduce_symmetric`] and its siblings) instead of on vectors (`all_reduce`,
     /// `all_gather_into`, `reduce_scatter_into`). The communicator gets a window as large as the largest size.
     pub symmetric: bool,
+    /// All-gather and reduce-scatter on vectors: run in place on one buffer of the whole size
+    /// ([`Communicator::all_gather`], [`Communicator::reduce_scatter`]) instead of from an input into an output
+    /// (`_into`), as nccl-tests reports both. The all-reduce, broadcast and reduce always run in place.
+    pub in_place: bool,
 }
 
 /// Timed iterations for a size: enough to move about 256 MiB, between 5 and `max`.
@@ -316,6 +320,22 @@ pub fn run(
             });
         }
         options.symmetric_bytes = config.sizes.iter().copied().max().unwrap_or(0).max(1);
+    }
+    if config.in_place
+        && (config.symmetric || !matches!(config.op, BenchOp::AllGather | BenchOp::ReduceScatter))
+    {
+        return Err(CommError::InvalidArgument {
+            comm: options.name,
+            what: format!(
+                "in place is benchmarked for all_gather and reduce_scatter on vectors, not {}{}",
+                config.op.name(),
+                if config.symmetric {
+                    " on symmetric buffers (which are in place already)"
+                } else {
+                    ""
+                }
+            ),
+        });
     }
     let options = &options;
     let store = Arc::new(MemoryStore::new());
@@ -440,6 +460,23 @@ fn time_vectors(
             (buf, _) => Ok(buf),
         }
     };
+    if config.in_place {
+        // One buffer of the whole size: the all-gather's output, the reduce-scatter's input.
+        let mut buf = alloc(input_len.max(output_len), 1.0)?;
+        return time_iterations(comm, iters, |start| {
+            let taken = std::mem::take(&mut buf);
+            buf = match op {
+                BenchOp::ReduceScatter => comm.reduce_scatter(taken, ReduceOp::Sum)?.wait()?,
+                _ => comm.all_gather(taken)?.wait()?,
+            };
+            let took = start.elapsed();
+            if op == BenchOp::ReduceScatter {
+                // Keep the values bounded, as for the all-reduce.
+                buf.fill(1.0);
+            }
+            Ok(took)
+        });
+    }
     let mut input = alloc(input_len, 1.0)?;
     let mut output = alloc(output_len, 0.0)?;
     time_iterations(comm, iters, |start| {
@@ -571,6 +608,7 @@ mod tests {
                 placement,
                 huge_pages: false,
                 symmetric: false,
+                in_place: false,
             };
             let seen = std::sync::Mutex::new(Vec::new());
             run(&config, &|_| *seen.lock().unwrap() = affinity()).unwrap();
@@ -591,6 +629,7 @@ mod tests {
             placement: Placement::OneCpuEach,
             huge_pages: false,
             symmetric: false,
+            in_place: false,
         };
         let seen = std::sync::Mutex::new(0);
         let results = run(&config, &|_| *seen.lock().unwrap() += 1).unwrap();
@@ -613,6 +652,32 @@ mod tests {
         };
         let results = run(&symmetric, &|_| {}).unwrap();
         assert_eq!(results.len(), 2);
+        // In place, for the two collectives that have both forms, and refused for the others.
+        for op in [BenchOp::AllGather, BenchOp::ReduceScatter] {
+            let in_place = BenchConfig {
+                op,
+                in_place: true,
+                options: CommOptions::named(format!("bench-test-in-place-{}", op.name())),
+                ..config.clone()
+            };
+            let results = run(&in_place, &|_| {}).unwrap();
+            assert_eq!(results.len(), 2);
+            assert!(results.iter().all(|r| r.time_us > 0.0));
+        }
+        let err = run(
+            &BenchConfig {
+                op: BenchOp::AllReduce,
+                in_place: true,
+                ..config.clone()
+            },
+            &|_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("reduce_scatter on vectors, not all_reduce"),
+            "{err}"
+        );
         let err = run(
             &BenchConfig {
                 op: BenchOp::AllToAll,

@@ -36,7 +36,10 @@ pub enum Algorithm {
     Bandwidth,
     /// All-reduce, all-gather and reduce-scatter read the peers' buffers where they are, one copy by the kernel
     /// (cross-memory attach, `process_vm_readv`), where the ranks share a host and may read each other's memory;
-    /// otherwise, and for the other collectives, as `Bandwidth`. `Auto` takes it for buffers of 2 to 16 MiB (all-gather outputs from 512 KiB).
+    /// otherwise, and for the other collectives, as `Bandwidth`. `Auto` takes it for buffers of 2 to 16 MiB
+    /// (all-gather outputs from 512 KiB). The kernel's copy pays per 4 KiB page, so on buffers backed by 2 MiB
+    /// pages ([`huge_page_vec`](crate::host_buffer::huge_page_vec)) it wins above 16 MiB too, which `Auto`
+    /// cannot tell.
     Direct,
 }
 

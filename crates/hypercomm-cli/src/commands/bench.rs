@@ -97,6 +97,10 @@ pub struct Args {
     /// windows, instead of on vectors staged through the shared slots.
     #[arg(long)]
     symmetric: bool,
+    /// Host, all_gather / reduce_scatter: run in place on one vector of the whole size (`Communicator::all_gather`,
+    /// `Communicator::reduce_scatter`) instead of from an input into an output, as nccl-tests also reports.
+    #[arg(long)]
+    in_place: bool,
     /// Host: the algorithm family. auto chooses by size; latency and bandwidth force the staged paths through the
     /// shared slots; direct makes all_reduce, all_gather and reduce_scatter read the peers' buffers where they are
     /// (one copy by the kernel, `process_vm_readv`), which auto does from 2 MiB (all_gather 512 KiB) to 16 MiB where the ranks may.
@@ -227,6 +231,18 @@ pub fn run(args: Args) -> Result<(), CliError> {
             }
         )));
     }
+    if args.in_place
+        && (args.symmetric || !matches!(op, BenchOp::AllGather | BenchOp::ReduceScatter))
+    {
+        return Err(CliError::Usage(format!(
+            "--in-place runs all_gather and reduce_scatter on one vector: not with {}",
+            if args.symmetric {
+                "--symmetric (in place already)".to_owned()
+            } else {
+                format!("--op {}", op.name())
+            }
+        )));
+    }
     let config = BenchConfig {
         op,
         ranks,
@@ -245,6 +261,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         },
         huge_pages: args.huge_pages,
         symmetric: args.symmetric,
+        in_place: args.in_place,
     };
     let cpus = bench::rank_cpus(config.placement, ranks);
     println!(
@@ -259,7 +276,11 @@ pub fn run(args: Args) -> Result<(), CliError> {
     );
     let buffers = HostBuffers::of(&args);
     println!("# buffers: {}", buffers.described());
-    println!("# algorithm: {}", args.algorithm.name());
+    println!(
+        "# algorithm: {}{}",
+        args.algorithm.name(),
+        if args.in_place { "; in place" } else { "" }
+    );
     println!(
         "# busbw factor {:.3}; time is the median of each size's iterations",
         op.bus_factor(ranks)
@@ -322,6 +343,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             ("placement", placement),
             ("buffers", buffers.json().into()),
             ("algorithm", args.algorithm.name().into()),
+            ("in_place", args.in_place.into()),
             ("core_to_core", core_to_core),
         ];
         if args.runs > 1 {
@@ -464,6 +486,12 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
     if args.runs != 1 {
         return Err(CliError::Usage(
             "--runs is for the host backend; with nccl, --overhead-batches repeats the timing"
+                .into(),
+        ));
+    }
+    if args.algorithm != AlgorithmArg::Auto || args.in_place {
+        return Err(CliError::Usage(
+            "--algorithm and --in-place choose host algorithms; the nccl backend picks its own"
                 .into(),
         ));
     }
