@@ -264,6 +264,42 @@ fn in_place_runs_and_the_algorithm_are_benchmarked_and_recorded() {
 }
 
 #[test]
+fn ranks_as_processes_are_launched_measured_and_recorded() {
+    let dir = scratch("processes");
+    let json = dir.join("processes.json");
+    let out = hypercomm(&[
+        "bench",
+        "--processes",
+        "-n",
+        "3",
+        "--op",
+        "reduce_scatter",
+        "--sizes",
+        "3KiB:48KiB",
+        "--iters",
+        "5",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("reduce_scatter on 3 ranks (processes started by the launcher)"),
+        "{stdout}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["ranks_as"], "processes", "{doc}");
+    let rows = doc["results"].as_array().unwrap();
+    let bytes: Vec<u64> = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(bytes, [3072, 6144, 12288, 24576, 49152], "{doc}");
+    assert!(
+        rows.iter()
+            .all(|r| r["ranks"] == 3 && r["busbw_GBps"].as_f64().unwrap() > 0.0)
+    );
+}
+
+#[test]
 fn bad_arguments_exit_with_status_2_and_say_which() {
     for (args, needle) in [
         (
@@ -303,7 +339,7 @@ fn bad_arguments_exit_with_status_2_and_say_which() {
         ),
         (
             vec!["bench", "--backend", "nccl", "--algorithm", "direct"],
-            "the nccl backend picks its own",
+            "are for the host backend",
         ),
     ] {
         let out = hypercomm(&args);

@@ -302,6 +302,67 @@ pub fn run(
     progress: &(dyn Fn(&BenchResult) + Sync),
 ) -> Result<Vec<BenchResult>, CommError> {
     let n = config.ranks;
+    let options = &comm_options(config)?;
+    let store = Arc::new(MemoryStore::new());
+    let cpus = rank_cpus(config.placement, n);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|me| {
+                let store = Arc::clone(&store);
+                let cpu = cpus.as_ref().map(|c| c[me]);
+                scope.spawn(move || -> Result<Vec<BenchResult>, CommError> {
+                    if let Some(cpu) = cpu {
+                        bind_to(cpu, &config.options.name, me)?;
+                    }
+                    let comm =
+                        Communicator::world(BackendKind::Host, store, n, me, options.clone())?;
+                    run_rank(config, &comm, &|r| {
+                        if me == 0 {
+                            progress(r);
+                        }
+                    })
+                })
+            })
+            .collect();
+        let mut first = None;
+        for (me, h) in handles.into_iter().enumerate() {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(CommError::InvalidArgument {
+                    comm: config.options.name.clone(),
+                    what: format!("rank {me} panicked"),
+                })
+            });
+            if me == 0 || r.is_err() {
+                first = Some(r);
+                if first.as_ref().is_some_and(Result::is_err) {
+                    break;
+                }
+            }
+        }
+        first.unwrap_or_else(|| Ok(Vec::new()))
+    })
+}
+
+/// One rank's part of the benchmark on `comm`, a communicator made with [`comm_options`]`(config)` (every rank
+/// calls it): each size in turn, `progress` called after each with this rank's result. How ranks that are
+/// processes run it: `hypercomm bench --processes` starts them through the launcher.
+pub fn run_rank(
+    config: &BenchConfig,
+    comm: &Communicator,
+    progress: &dyn Fn(&BenchResult),
+) -> Result<Vec<BenchResult>, CommError> {
+    let mut results = Vec::with_capacity(config.sizes.len());
+    for &bytes in &config.sizes {
+        let r = measure(comm, config, bytes)?;
+        progress(&r);
+        results.push(r);
+    }
+    Ok(results)
+}
+
+/// The communicator options the benchmark's ranks use: `config.options`, with a symmetric window as large as the
+/// largest size when `config.symmetric`. Fails for combinations the benchmark does not measure.
+pub fn comm_options(config: &BenchConfig) -> Result<CommOptions, CommError> {
     let mut options = config.options.clone();
     if config.symmetric {
         if !config.op.has_symmetric_form() || config.huge_pages {
@@ -337,49 +398,7 @@ pub fn run(
             ),
         });
     }
-    let options = &options;
-    let store = Arc::new(MemoryStore::new());
-    let cpus = rank_cpus(config.placement, n);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..n)
-            .map(|me| {
-                let store = Arc::clone(&store);
-                let cpu = cpus.as_ref().map(|c| c[me]);
-                scope.spawn(move || -> Result<Vec<BenchResult>, CommError> {
-                    if let Some(cpu) = cpu {
-                        bind_to(cpu, &config.options.name, me)?;
-                    }
-                    let comm =
-                        Communicator::world(BackendKind::Host, store, n, me, options.clone())?;
-                    let mut results = Vec::new();
-                    for &bytes in &config.sizes {
-                        let r = measure(&comm, config, bytes)?;
-                        if me == 0 {
-                            progress(&r);
-                        }
-                        results.push(r);
-                    }
-                    Ok(results)
-                })
-            })
-            .collect();
-        let mut first = None;
-        for (me, h) in handles.into_iter().enumerate() {
-            let r = h.join().unwrap_or_else(|_| {
-                Err(CommError::InvalidArgument {
-                    comm: config.options.name.clone(),
-                    what: format!("rank {me} panicked"),
-                })
-            });
-            if me == 0 || r.is_err() {
-                first = Some(r);
-                if first.as_ref().is_some_and(Result::is_err) {
-                    break;
-                }
-            }
-        }
-        first.unwrap_or_else(|| Ok(Vec::new()))
-    })
+    Ok(options)
 }
 
 /// Times one size on one rank. Every iteration starts after a barrier so that all ranks start together.

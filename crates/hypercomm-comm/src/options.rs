@@ -36,10 +36,11 @@ pub enum Algorithm {
     Bandwidth,
     /// All-reduce, all-gather and reduce-scatter read the peers' buffers where they are, one copy by the kernel
     /// (cross-memory attach, `process_vm_readv`), where the ranks share a host and may read each other's memory;
-    /// otherwise, and for the other collectives, as `Bandwidth`. `Auto` takes it for buffers of 2 to 16 MiB
-    /// (all-gather outputs from 512 KiB). The kernel's copy pays per 4 KiB page, so on buffers backed by 2 MiB
-    /// pages ([`huge_page_vec`](crate::host_buffer::huge_page_vec)) it wins above 16 MiB too, which `Auto`
-    /// cannot tell.
+    /// otherwise, and for the other collectives, as `Bandwidth`. `Auto` takes it for all-reduces of 2 to 32 MiB,
+    /// all-gathers of 512 KiB to 16 MiB of output and reduce-scatters of 2 to 16 MiB of input. The kernel's copy
+    /// pays per 4 KiB page, so on buffers backed by 2 MiB pages
+    /// ([`huge_page_vec`](crate::host_buffer::huge_page_vec)) it wins at larger sizes too, which `Auto` cannot
+    /// tell.
     Direct,
 }
 

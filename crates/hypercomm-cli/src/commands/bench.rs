@@ -62,8 +62,8 @@ pub struct Args {
     /// Backend to measure (nccl needs a GPU; without one it reports what is missing).
     #[arg(long, value_enum, default_value_t = Backend::Host)]
     backend: Backend,
-    /// Number of ranks (threads of this process, each with its own communicator). Default: 2 on the host, one
-    /// per visible GPU with nccl.
+    /// Number of ranks (threads of this process, each with its own communicator, or processes with --processes).
+    /// Default: 2 on the host, one per visible GPU with nccl.
     #[arg(short = 'n', long)]
     ranks: Option<usize>,
     /// Collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all.
@@ -103,7 +103,8 @@ pub struct Args {
     in_place: bool,
     /// Host: the algorithm family. auto chooses by size; latency and bandwidth force the staged paths through the
     /// shared slots; direct makes all_reduce, all_gather and reduce_scatter read the peers' buffers where they are
-    /// (one copy by the kernel, `process_vm_readv`), which auto does from 2 MiB (all_gather 512 KiB) to 16 MiB where the ranks may.
+    /// (one copy by the kernel, `process_vm_readv`), which auto does where it measured faster (all_reduce 2-32
+    /// MiB, all_gather 512 KiB-16 MiB, reduce_scatter 2-16 MiB) and the ranks may.
     #[arg(long, value_enum, default_value_t = AlgorithmArg::Auto)]
     algorithm: AlgorithmArg,
     /// Write the results as JSON here.
@@ -129,10 +130,14 @@ pub struct Args {
     /// With --collection: how many times each strategy builds the collection.
     #[arg(long, default_value_t = 20)]
     repeats: usize,
-    /// With --collection: run the 8 ranks as processes started through the launcher (`hypercomm launch`), talking
-    /// through a TCP store, instead of threads of this process.
-    #[arg(long, requires = "collection")]
+    /// Run the ranks as processes started through the launcher (`hypercomm launch`, which hosts a TCP store and binds
+    /// each rank to its share of the CPUs unless --unpinned), as a training job runs them, instead of threads of
+    /// this process: the host collective's -n ranks, or with --collection its 8.
+    #[arg(long)]
     processes: bool,
+    /// Internal: this process is one rank of a host `--processes` run.
+    #[arg(long, hide = true, conflicts_with = "collection")]
+    bench_worker: bool,
     /// Internal: this process is one rank of `--collection --processes`.
     #[arg(long, hide = true, requires = "collection")]
     collection_worker: bool,
@@ -263,16 +268,37 @@ pub fn run(args: Args) -> Result<(), CliError> {
         symmetric: args.symmetric,
         in_place: args.in_place,
     };
+    if args.bench_worker {
+        return super::bench_processes::worker(&config);
+    }
     let cpus = bench::rank_cpus(config.placement, ranks);
     println!(
-        "# hypercomm bench: {} on {} ranks (threads in one process), backend host, transport {}",
+        "# hypercomm bench: {} on {} ranks ({}), backend host, transport {}",
         op.name(),
         ranks,
+        if args.processes {
+            "processes started by the launcher"
+        } else {
+            "threads in one process"
+        },
         if args.tcp { "tcp" } else { "shm" }
     );
     println!(
-        "# placement: {}",
-        placement_text(config.placement, cpus.as_deref())
+        "# placement: {}{}",
+        placement_text(
+            config.placement,
+            cpus.as_deref(),
+            if args.processes {
+                "processes"
+            } else {
+                "threads"
+            }
+        ),
+        if args.processes && cpus.is_some() {
+            " (by the launcher)"
+        } else {
+            ""
+        }
     );
     let buffers = HostBuffers::of(&args);
     println!("# buffers: {}", buffers.described());
@@ -299,13 +325,22 @@ pub fn run(args: Args) -> Result<(), CliError> {
         }
         let before = probe(probe_cpus)?;
         print_table_header();
-        let bar = size_bar(sizes.len());
-        let results = bench::run(&config, &|r| {
-            bar.suspend(|| println!("{}", row(r)));
-            bar.inc(1);
-        })
-        .map_err(|e| CliError::Failed(e.to_string()))?;
-        bar.finish_and_clear();
+        let results = if args.processes {
+            let results = super::bench_processes::launch(&config, worker_args(&args))?;
+            for r in &results {
+                println!("{}", row(r));
+            }
+            results
+        } else {
+            let bar = size_bar(sizes.len());
+            let results = bench::run(&config, &|r| {
+                bar.suspend(|| println!("{}", row(r)));
+                bar.inc(1);
+            })
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+            bar.finish_and_clear();
+            results
+        };
         let after = probe(probe_cpus)?;
         println!("# {}", round_trip_text(probe_cpus, before, after));
         all_runs.push(results);
@@ -344,6 +379,15 @@ pub fn run(args: Args) -> Result<(), CliError> {
             ("buffers", buffers.json().into()),
             ("algorithm", args.algorithm.name().into()),
             ("in_place", args.in_place.into()),
+            (
+                "ranks_as",
+                if args.processes {
+                    "processes"
+                } else {
+                    "threads"
+                }
+                .into(),
+            ),
             ("core_to_core", core_to_core),
         ];
         if args.runs > 1 {
@@ -405,7 +449,6 @@ impl HostBuffers {
     }
 }
 
-/// Says where the rank threads run.
 /// Batches of round trips in each core-to-core probe (each batch is
 /// [`TRIPS_PER_BATCH`](core_to_core::TRIPS_PER_BATCH) trips): a few milliseconds.
 const CORE_TO_CORE_BATCHES: usize = 200;
@@ -446,16 +489,47 @@ fn round_trip_text(
     }
 }
 
-fn placement_text(placement: Placement, cpus: Option<&[usize]>) -> String {
+/// The arguments a `--processes` rank gets after `bench --bench-worker`: the benchmark's own, so that every rank
+/// builds the same configuration.
+fn worker_args(args: &Args) -> Vec<String> {
+    let mut out = vec![
+        "--op".to_owned(),
+        args.op.clone(),
+        "--sizes".to_owned(),
+        args.sizes.clone(),
+        "--iters".to_owned(),
+        args.iters.to_string(),
+        "--algorithm".to_owned(),
+        args.algorithm.name().to_owned(),
+    ];
+    if let Some(n) = args.ranks {
+        out.extend(["-n".to_owned(), n.to_string()]);
+    }
+    for (on, flag) in [
+        (args.tcp, "--tcp"),
+        (args.unpinned, "--unpinned"),
+        (args.huge_pages, "--huge-pages"),
+        (args.symmetric, "--symmetric"),
+        (args.in_place, "--in-place"),
+    ] {
+        if on {
+            out.push(flag.to_owned());
+        }
+    }
+    out
+}
+
+/// Says where the ranks (`what`: threads or processes) run.
+fn placement_text(placement: Placement, cpus: Option<&[usize]>, what: &str) -> String {
     match (placement, cpus) {
         (_, Some(cpus)) => {
             let list: Vec<String> = cpus.iter().map(ToString::to_string).collect();
             format!("rank i bound to CPU [{}][i]", list.join(", "))
         }
-        (Placement::Free, None) => "threads float (--unpinned)".into(),
-        (Placement::OneCpuEach, None) => {
-            "threads float: more ranks than CPUs this process may use (or its CPU mask is unreadable)".into()
-        }
+        (Placement::Free, None) => format!("{what} float (--unpinned)"),
+        (Placement::OneCpuEach, None) => format!(
+            "{what} float: more ranks than CPUs this process may use (or its CPU mask is unreadable)"
+        ),
     }
 }
 
@@ -489,9 +563,10 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
                 .into(),
         ));
     }
-    if args.algorithm != AlgorithmArg::Auto || args.in_place {
+    if args.algorithm != AlgorithmArg::Auto || args.in_place || args.processes {
         return Err(CliError::Usage(
-            "--algorithm and --in-place choose host algorithms; the nccl backend picks its own"
+"--algorithm, --in-place and --processes are for the host backend (the nccl ranks are threads, one GPU \
+             each, and NCCL picks its own algorithms)"
                 .into(),
         ));
     }

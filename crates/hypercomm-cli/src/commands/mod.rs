@@ -2,6 +2,7 @@
 //! A subcommand's helper module is named after it (`bench_runs`).
 
 pub mod bench;
+pub mod bench_processes;
 pub mod bench_runs;
 pub mod collection_bench;
 pub mod grid;

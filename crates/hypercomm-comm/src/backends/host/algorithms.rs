@@ -161,7 +161,7 @@ pub(crate) fn all_reduce(
     let n = cx.t.size();
     if latency_path(cx, buf.len()) || n == 1 {
         all_reduce_latency(cx, buf, dtype, op)
-    } else if direct::wanted(cx, buf.len(), direct::MIN_BYTES)
+    } else if direct::wanted(cx, buf.len(), &direct::ALL_REDUCE_WINDOW)
         && direct::all_reduce(cx, buf, dtype, op)?
     {
         Ok(())
@@ -578,7 +578,7 @@ pub(crate) fn all_gather(
     per_rank: usize,
     dtype: DType,
 ) -> Result<(), CommError> {
-    if direct::wanted(cx, out.len(), direct::ALL_GATHER_MIN_BYTES)
+    if direct::wanted(cx, out.len(), &direct::ALL_GATHER_WINDOW)
         && direct::all_gather(cx, input, out, per_rank)?
     {
         return Ok(());
@@ -662,7 +662,7 @@ pub(crate) fn reduce_scatter(
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let (n, me, s) = (cx.t.size(), cx.t.rank(), dtype.size());
-    if direct::wanted(cx, block * n, direct::MIN_BYTES)
+    if direct::wanted(cx, block * n, &direct::REDUCE_SCATTER_WINDOW)
         && direct::reduce_scatter(cx, input, out, block, dtype, op)?
     {
         return Ok(());

@@ -25,7 +25,7 @@
 //! algorithm, on every rank alike.
 
 use std::cmp::Ordering;
-use std::ops::Range;
+use std::ops::{Range, RangeInclusive};
 
 use super::algorithms::{Ctx, all, fault, part, pieces, scale, shift};
 use super::cross_memory::{Agreement, RECORD_BYTES, Record};
@@ -37,28 +37,28 @@ use crate::element::{DType, ReduceOp, as_bytes, as_bytes_mut};
 use crate::options::Algorithm;
 use crate::reduce::{Src, reduce};
 
-/// The sizes (bytes of an operation's largest buffer) that [`Algorithm::Auto`] runs direct: from `MIN_BYTES`
-/// ([`ALL_GATHER_MIN_BYTES`] for the all-gather) to [`MAX_BYTES`]. Below, the staged pipeline's pieces stay in the cache and the direct path's extra rounds and system
-/// calls do not pay; above, it loses too, for a reason not found yet (working through the all-reduce's buffer in
-/// chunks of 0.5-4 MiB, each reduced and then gathered, so that the second phase reads what the peers wrote
-/// moments before, did not help: 64 MiB ran 3.38-3.52 GB/s against 4.24 staged, five alternations at 03:30 UTC;
-/// the kernel's copy pins the peer's pages in small batches, which stays a suspect). Measured on the 2-core
-/// development machine
-/// (2026-11-24 03:18-03:20 UTC, `hypercomm bench --backend host -n 2 --op OP --algorithm bandwidth|direct`, five
-/// alternations, median busbw in GB/s, staged against direct): all-reduce 1 MiB 5.79 / 4.88, 2 MiB 5.53 / 6.29,
-/// 16 MiB 6.00-6.50 / 7.85-8.16, 32 MiB 5.38-6.50 / 6.46-7.31, 64 MiB 5.05-5.67 / 3.59-3.98; all-gather 2 MiB
-/// 4.66 / 6.53, 16 MiB 4.26-4.44 / 5.06-5.47, 32 MiB 3.72-4.40 / 3.10-4.04; reduce-scatter 2 MiB 5.18 / 4.92,
-/// 4 MiB 4.69 / 5.01, 16 MiB 4.55-4.93 / 5.10-5.43, 32 MiB 3.45-4.27 / 2.74-2.97.
-///
-/// Between 256 KiB and 2 MiB (03:31 UTC, eight alternations, staged / direct): all-reduce 512 KiB 5.52 / 5.93,
-/// 1 MiB 5.75 / 4.80 (direct faster in 1 of 8), 2 MiB 5.83 / 6.10; reduce-scatter 512 KiB 6.60 / 8.74, 1 MiB
-/// 5.42 / 5.49 (3 of 8), 2 MiB 5.48 / 6.01; all-gather 256 KiB 6.93 / 5.66, 512 KiB 7.16 / 12.32, 1 MiB 6.22 /
-/// 9.00, 2 MiB 4.86 / 6.49 (8 of 8 from 512 KiB).
-pub(crate) const MIN_BYTES: usize = 2 << 20;
-/// See [`MIN_BYTES`].
-pub(crate) const ALL_GATHER_MIN_BYTES: usize = 512 << 10;
-/// See [`MIN_BYTES`].
-pub(crate) const MAX_BYTES: usize = 16 << 20;
+/// The sizes (bytes of the operation's largest buffer) at which [`Algorithm::Auto`] runs the all-reduce direct.
+/// Below, the staged pipeline's pieces stay in the cache and the direct path's extra rounds and system calls do
+/// not pay; above, the kernel's copy, which pays per 4 KiB page (it pins the peer's pages a few at a time), falls
+/// behind: on buffers of 2 MiB pages it keeps winning at 64 MiB (see the README). Measured on the 2-core
+/// development machine with `hypercomm bench --backend host -n 2 --op OP --algorithm bandwidth|direct`, median
+/// busbw in GB/s, staged / direct, 2026-11-24:
+/// - all-reduce, five alternations each at 03:18-03:20 and 04:02 UTC (ranks as threads, and as processes at
+///   04:02): 1 MiB 5.79 / 4.88 and 5.85 / 6.28 (processes), 2 MiB 5.53 / 6.29, 16 MiB 6.00-6.86 / 7.85-8.48,
+///   32 MiB 5.38-6.77 / 6.46-8.15, 64 MiB 5.05-6.18 / 3.59-5.09;
+/// - eight alternations between 256 KiB and 2 MiB (03:31 UTC): all-reduce 512 KiB 5.52 / 5.93, 1 MiB 5.75 /
+///   4.80 (direct faster in 1 of 8), 2 MiB 5.83 / 6.10.
+pub(crate) const ALL_REDUCE_WINDOW: RangeInclusive<usize> = (2 << 20)..=(32 << 20);
+
+/// As [`ALL_REDUCE_WINDOW`], for the all-gather (bytes of its output): 256 KiB 6.93 / 5.66, 512 KiB 7.16 / 12.32,
+/// 1 MiB 6.22 / 9.00, 2 MiB 4.86 / 6.49 (direct faster in 8 of 8 from 512 KiB; 03:31 UTC), 16 MiB 4.26-4.44 /
+/// 5.06-5.47, 32 MiB 3.72-4.40 / 3.10-4.04 (03:18-03:20 UTC).
+pub(crate) const ALL_GATHER_WINDOW: RangeInclusive<usize> = (512 << 10)..=(16 << 20);
+
+/// As [`ALL_REDUCE_WINDOW`], for the reduce-scatter (bytes of its input): 512 KiB 6.60 / 8.74, 1 MiB 5.42 / 5.49
+/// (3 of 8), 2 MiB 5.48 / 6.01 (03:31 UTC), 16 MiB 4.55-4.93 / 5.10-5.43, 32 MiB 3.45-4.27 / 2.74-2.97
+/// (03:18-03:20 UTC).
+pub(crate) const REDUCE_SCATTER_WINDOW: RangeInclusive<usize> = (2 << 20)..=(16 << 20);
 
 /// Bytes of each peer's contribution read into the scratch per reduction step.
 pub(crate) const STEP_BYTES: usize = 256 * 1024;
@@ -68,13 +68,13 @@ pub(crate) const STEP_BYTES: usize = 256 * 1024;
 const ROUND: u64 = 1 << 40;
 
 /// Whether an operation whose largest buffer is `bytes` asks to run direct: forced by [`Algorithm::Direct`], or
-/// between `min` and [`MAX_BYTES`] under [`Algorithm::Auto`] (see [`MIN_BYTES`]). It runs direct only if the
-/// ranks may also read each other's memory.
-pub(crate) fn wanted(cx: &Ctx<'_>, bytes: usize, min: usize) -> bool {
+/// inside its collective's `window` (such as [`ALL_REDUCE_WINDOW`]) under [`Algorithm::Auto`]. It runs direct
+/// only if the ranks may also read each other's memory.
+pub(crate) fn wanted(cx: &Ctx<'_>, bytes: usize, window: &RangeInclusive<usize>) -> bool {
     cx.t.size() > 1
         && match cx.algorithm {
             Algorithm::Direct => true,
-            Algorithm::Auto => (min..=MAX_BYTES).contains(&bytes),
+            Algorithm::Auto => window.contains(&bytes),
             Algorithm::Latency | Algorithm::Bandwidth => false,
         }
 }

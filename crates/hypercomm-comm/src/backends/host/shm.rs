@@ -5,9 +5,10 @@
 //! `k + 2` into the same buffer is safe because a rank only gets there after every peer arrived at round `k + 1`,
 //! which each does only after it finished reading round `k`. One barrier per round, no separate "done" flags.
 //!
-//! Waiting spins briefly, then keeps checking with a `sched_yield` between bursts for up to [`YIELD_FOR`], then sleeps
-//! on the doorbell futex in slices of a few milliseconds, so that more ranks than cores still make progress. Between sleeps it checks the deadline, the abort flag and whether the
-//! ranks it waits for still have a live process.
+//! Waiting spins briefly, then keeps checking with a `sched_yield` between bursts for up to [`YIELD_FOR`], then
+//! sleeps on the doorbell futex in slices of a few milliseconds, so that more ranks than cores still make progress.
+//! Between sleeps it checks the deadline, the abort flag and whether the ranks it waits for still have a live
+//! process.
 
 use std::ops::Range;
 use std::sync::Arc;
