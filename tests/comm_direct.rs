@@ -6,7 +6,7 @@
 mod comm_support;
 
 use comm_support::*;
-use hypercomm::comm::{Algorithm, CommOptions, ReduceOp};
+use hypercomm::comm::{Algorithm, CommOptions, Communicator, ReduceOp};
 
 /// Values whose float sums round differently in different orders, so only the same fold gives the same bits.
 fn ragged(rank: usize, len: usize) -> Vec<f32> {
@@ -15,8 +15,28 @@ fn ragged(rank: usize, len: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The all-reduce, all-gather and reduce-scatter of `len` elements per rank on a world of `n` with `algorithm`;
-/// every rank's three results.
+/// The all-reduce (of `n * len` elements), all-gather and reduce-scatter (of `len` per rank) on `comm`.
+fn three(comm: &Communicator, len: usize) -> [Vec<f32>; 3] {
+    let (n, me) = (comm.size(), comm.rank());
+    let ar = comm
+        .all_reduce(ragged(me, n * len), ReduceOp::Sum)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let (_, ag) = comm
+        .all_gather_into(ragged(me, len), vec![0.0; n * len])
+        .unwrap()
+        .wait()
+        .unwrap();
+    let (_, rs) = comm
+        .reduce_scatter_into(ragged(me, n * len), vec![0.0; len], ReduceOp::Sum)
+        .unwrap()
+        .wait()
+        .unwrap();
+    [ar, ag, rs]
+}
+
+/// [`three`] on every rank of a world of `n` with `algorithm`.
 fn run(n: usize, len: usize, algorithm: Algorithm, name: &str) -> Vec<[Vec<f32>; 3]> {
     on_threads(
         n,
@@ -24,25 +44,7 @@ fn run(n: usize, len: usize, algorithm: Algorithm, name: &str) -> Vec<[Vec<f32>;
             algorithm,
             ..options(name, false)
         },
-        move |comm| {
-            let me = comm.rank();
-            let ar = comm
-                .all_reduce(ragged(me, n * len), ReduceOp::Sum)
-                .unwrap()
-                .wait()
-                .unwrap();
-            let (_, ag) = comm
-                .all_gather_into(ragged(me, len), vec![0.0; n * len])
-                .unwrap()
-                .wait()
-                .unwrap();
-            let (_, rs) = comm
-                .reduce_scatter_into(ragged(me, n * len), vec![0.0; len], ReduceOp::Sum)
-                .unwrap()
-                .wait()
-                .unwrap();
-            [ar, ag, rs]
-        },
+        move |comm| three(&comm, len),
     )
 }
 
@@ -128,43 +130,30 @@ fn forbid_reading_other_processes() -> bool {
 }
 
 /// One rank may not read its peers (it may be read): every rank must stage, or the ranks would run different
-/// rounds. Several operations in a row, so the agreement is also kept rather than probed once and forgotten.
+/// rounds. Several operations of each kind in a row, so the agreement is also kept rather than probed once and
+/// forgotten.
 #[test]
 fn a_rank_that_may_not_read_its_peers_makes_every_rank_stage() {
     let n = 3;
     let len = 300_001;
     let results = on_threads(n, options("direct-refused", false), move |comm| {
-        let me = comm.rank();
         // Before the first operation, so the progress thread (started by it) inherits the filter too.
-        let forbidden = me == 1 && forbid_reading_other_processes();
-        let mut out = Vec::new();
-        for _ in 0..3 {
-            let ar = comm
-                .all_reduce(ragged(me, n * len), ReduceOp::Sum)
-                .unwrap()
-                .wait()
-                .unwrap();
-            let (_, ag) = comm
-                .all_gather_into(ragged(me, len), vec![0.0; n * len])
-                .unwrap()
-                .wait()
-                .unwrap();
-            out.push((ar, ag));
-        }
+        let forbidden = comm.rank() == 1 && forbid_reading_other_processes();
+        let out: Vec<[Vec<f32>; 3]> = (0..3).map(|_| three(&comm, len)).collect();
         (forbidden, out)
     });
     if !results.iter().any(|(forbidden, _)| *forbidden) {
         println!("skipped: a seccomp filter could not be installed on this machine");
         return;
     }
-    let want_ar: Vec<f32> = {
-        let inputs: Vec<Vec<f32>> = (0..n).map(|r| ragged(r, n * len)).collect();
-        (0..n * len)
-            .map(|i| inputs.iter().fold(0.0f32, |acc, v| acc + v[i]))
-            .collect()
-    };
+    // The rank-order fold every path computes (starting from 0.0 changes nothing: 0.0 + x is x).
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| ragged(r, n * len)).collect();
+    let want_ar: Vec<f32> = (0..n * len)
+        .map(|i| inputs.iter().fold(0.0f32, |acc, v| acc + v[i]))
+        .collect();
     for (r, (_, ops)) in results.into_iter().enumerate() {
-        for (k, (ar, ag)) in ops.iter().enumerate() {
+        let want_rs = &want_ar[r * len..(r + 1) * len];
+        for (k, [ar, ag, rs]) in ops.iter().enumerate() {
             assert!(
                 ar.iter()
                     .zip(&want_ar)
@@ -178,6 +167,12 @@ fn a_rank_that_may_not_read_its_peers_makes_every_rank_stage() {
                     "rank {r}, all-gather {k}, block {src}"
                 );
             }
+            assert!(
+                rs.iter()
+                    .zip(want_rs)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "rank {r}, reduce-scatter {k}"
+            );
         }
     }
 }

@@ -44,18 +44,7 @@ pub fn launch(
         .timeout(TIMEOUT)
         .run()
         .map_err(|e| CliError::Failed(format!("cannot launch the ranks: {e}")))?;
-    if !report.success() {
-        let stderr: Vec<&str> = report
-            .ranks
-            .iter()
-            .flat_map(|r| r.stderr.iter().map(String::as_str))
-            .collect();
-        return Err(CliError::Failed(format!(
-            "the benchmark ranks failed: {}; {}",
-            report.summary(),
-            stderr.join(" | ")
-        )));
-    }
+    super::launch::require_success(&report, "the benchmark ranks")?;
     let rank0 = report
         .ranks
         .iter()

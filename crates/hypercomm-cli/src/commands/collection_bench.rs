@@ -164,18 +164,7 @@ fn launch_workers(repeats: usize) -> Result<Vec<(Strategy, Vec<Duration>, usize)
         .timeout(Duration::from_secs(600))
         .run()
         .map_err(|e| CliError::Failed(format!("cannot launch the ranks: {e}")))?;
-    if !report.success() {
-        let stderr: Vec<&str> = report
-            .ranks
-            .iter()
-            .flat_map(|r| r.stderr.iter().map(String::as_str))
-            .collect();
-        return Err(CliError::Failed(format!(
-            "the collection ranks failed: {}; {}",
-            report.summary(),
-            stderr.join(" | ")
-        )));
-    }
+    super::launch::require_success(&report, "the collection ranks")?;
     let mut measured: Vec<(Strategy, Vec<Duration>, usize)> = Strategy::ALL
         .into_iter()
         .map(|s| (s, Vec::new(), 0))

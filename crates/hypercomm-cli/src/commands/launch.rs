@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use hypercomm_launch::{LaunchError, Launcher};
+use hypercomm_launch::{LaunchError, LaunchReport, Launcher};
 use hypercomm_store::Secret;
 
 use crate::error::CliError;
@@ -57,6 +57,25 @@ pub struct Args {
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
     command: Vec<OsString>,
+}
+
+/// For the commands that launch copies of this program as their ranks (the benchmarks' `--processes`): `Ok` when
+/// every rank exited cleanly, otherwise an error naming what failed (`what`), the launcher's summary and what the
+/// ranks wrote to stderr.
+pub fn require_success(report: &LaunchReport, what: &str) -> Result<(), CliError> {
+    if report.success() {
+        return Ok(());
+    }
+    let stderr: Vec<&str> = report
+        .ranks
+        .iter()
+        .flat_map(|r| r.stderr.iter().map(String::as_str))
+        .collect();
+    Err(CliError::Failed(format!(
+        "{what} failed: {}; {}",
+        report.summary(),
+        stderr.join(" | ")
+    )))
 }
 
 fn seconds(flag: &str, value: f64) -> Result<Duration, CliError> {
