@@ -23,9 +23,9 @@
 //!   waits for is more than 500 µs late: a rank that has not entered the operation yet, or one that shares its
 //!   core with other work. Sleeping earlier cost every slightly late round a wake-up (on a virtual machine, an
 //!   idle virtual CPU is handed back to the host, and the futex wake-up reaches it tens of µs later): with 20
-//!   yields before sleeping, 12-19% of a 16 MiB all-reduce's rounds waited over 20 µs.
-//!   When every rank has a core of its own the peer arrives within the spin and a small all-reduce takes about
-//!   2 µs (each operation runs on the thread that waits on it, so issue-then-wait hands nothing to the progress
+//!   yields before sleeping, 9-22% of a 16 MiB all-reduce's rounds waited over 20 µs.
+//!   When every rank has a core of its own the peer arrives within the spin and a small all-reduce takes 1.1-1.3
+//!   µs on the development machine (2026-11-24; each operation runs on the thread that waits on it, so issue-then-wait hands nothing to the progress
 //!   thread; before that, two thread hand-offs made it 5–8 µs).
 //!   When the ranks share cores with each other or with other jobs, the rank it waits for is often not running:
 //!   spinning would only take the core that rank needs, so the waiter yields and then sleeps, and the wake-up

@@ -16,7 +16,7 @@
 //! issued. While a job runs inline, the progress thread does not nap: nothing can start before the engine comes
 //! back, so it sleeps until then. Napping through a long job woke it every [`NAP`] on the running rank's core, and
 //! each such wake-up delayed that rank's next round for every peer (2026-11-24, 16 MiB all-reduce on the 2-core
-//! development machine: the barrier took 6-16 µs a round on average, 2-5 µs without the wake-ups).
+//! development machine: the barrier took 6-17 µs a round on average, 2-5 µs without the wake-ups).
 //!
 //! Closing (abort or drop) refuses new jobs; the queued ones still run (they fail fast once the communicator is
 //! broken), and then whoever holds the engine last retires it: after an abort, it first tells the peers that this

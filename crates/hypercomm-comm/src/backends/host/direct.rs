@@ -174,13 +174,11 @@ fn read(
     at: usize,
     dst: &mut [u8],
 ) -> Result<(), CommError> {
-    let during = format!(
-        "reading bytes {at}..{} of rank {r}'s buffer in process {}",
-        at + dst.len(),
-        records[r].pid
-    );
+    let end = at + dst.len();
     records[r].read(at, dst).map_err(|source| {
-        if process_alive(records[r].pid) {
+        let pid = records[r].pid;
+        let during = format!("reading bytes {at}..{end} of rank {r}'s buffer in process {pid}");
+        if process_alive(pid) {
             CommError::Io {
                 comm: comm.to_owned(),
                 what: during,
@@ -194,7 +192,6 @@ fn read(
 
 /// Reduces bytes `at` of every rank's buffer, in rank order, into `out` (whose length is `at`'s): this rank's
 /// contribution is `own` (`None`: `out` holds it), the peers' are read in steps of [`STEP_BYTES`].
-#[allow(clippy::too_many_arguments)]
 fn reduce_from_peers(
     cx: &Ctx<'_>,
     records: &[Record],
