@@ -25,8 +25,8 @@
 //!   idle virtual CPU is handed back to the host, and the futex wake-up reaches it tens of µs later): with 20
 //!   yields before sleeping, 9-22% of a 16 MiB all-reduce's rounds waited over 20 µs.
 //!   When every rank has a core of its own the peer arrives within the spin and a small all-reduce takes 1.1-1.3
-//!   µs on the development machine (2026-11-24; each operation runs on the thread that waits on it, so issue-then-wait hands nothing to the progress
-//!   thread; before that, two thread hand-offs made it 5–8 µs).
+//!   µs on the development machine (2026-11-24; each operation runs on the thread that waits on it, so
+//!   issue-then-wait hands nothing to the progress thread; before that, two thread hand-offs made it 5–8 µs).
 //!   When the ranks share cores with each other or with other jobs, the rank it waits for is often not running:
 //!   spinning would only take the core that rank needs, so the waiter yields and then sleeps, and the wake-up
 //!   through the futex and the scheduler costs tens of µs. That is where the 25–95 µs small-operation figures

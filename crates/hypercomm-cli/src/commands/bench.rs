@@ -564,11 +564,9 @@ fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
         ));
     }
     if args.algorithm != AlgorithmArg::Auto || args.in_place || args.processes {
-        return Err(CliError::Usage(
-"--algorithm, --in-place and --processes are for the host backend (the nccl ranks are threads, one GPU \
-             each, and NCCL picks its own algorithms)"
-                .into(),
-        ));
+        let why = "--algorithm, --in-place and --processes are for the host backend (the nccl ranks are \
+                   threads, one GPU each, and NCCL picks its own algorithms)";
+        return Err(CliError::Usage(why.into()));
     }
     let sizes = parse_sizes(&args.sizes)?;
     // The device bench needs a GPU; say exactly what is missing rather than fall back to the host.

@@ -3,17 +3,16 @@
 //!
 //! This command launches `-n` copies of itself through the launcher (the one behind `hypercomm launch`, which hosts
 //! a TCP store and binds each rank to a CPU of its own, as the threads would be: unless `--unpinned`, or there are
-//! more ranks than CPUs). Each copy runs with
-//! `--bench-worker` and the same benchmark arguments, joins the store, builds its communicator and measures its
-//! part (`hypercomm_comm::bench::run_rank`); rank 0 prints one line per size (`result <bytes> <microseconds>`),
-//! which the launcher captures and this command turns back into the table, JSON and plot of a threads run.
+//! more ranks than CPUs). Each copy runs with `--bench-worker` and the same benchmark arguments, joins the store,
+//! builds its communicator and measures its part (`hypercomm_comm::bench::run_rank`); rank 0 prints one line per
+//! size (`result <bytes> <microseconds>`), which the launcher captures and this command turns back into the
+//! table, JSON and plot of a threads run.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use hypercomm_comm::bench::{self, BenchConfig, BenchResult};
 use hypercomm_comm::{BackendKind, Communicator};
-use hypercomm_launch::Launcher;
 use hypercomm_store::Rendezvous;
 
 use crate::error::CliError;
@@ -30,21 +29,16 @@ pub fn launch(
     config: &BenchConfig,
     worker_args: Vec<String>,
 ) -> Result<Vec<BenchResult>, CliError> {
-    let program = std::env::current_exe()
-        .map_err(|e| CliError::Failed(format!("cannot find this program to launch it: {e}")))?;
     let mut args = vec!["bench".to_owned(), "--bench-worker".to_owned()];
     args.extend(worker_args);
-    let report = Launcher::new(program)
-        .args(args)
-        .nproc(config.ranks)
+    let report = super::launch::launch_copies(
+        args,
+        config.ranks,
         // Bound as threads would be: one CPU each when there are enough, otherwise floating.
-        .bind_cpus(bench::rank_cpus(config.placement, config.ranks).is_some())
-        .echo(false)
-        .capture(true)
-        .timeout(TIMEOUT)
-        .run()
-        .map_err(|e| CliError::Failed(format!("cannot launch the ranks: {e}")))?;
-    super::launch::require_success(&report, "the benchmark ranks")?;
+        bench::rank_cpus(config.placement, config.ranks).is_some(),
+        TIMEOUT,
+        "the benchmark ranks",
+    )?;
     let rank0 = report
         .ranks
         .iter()

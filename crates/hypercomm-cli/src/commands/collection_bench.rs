@@ -9,7 +9,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypercomm_launch::Launcher;
 use hypercomm_store::{Rendezvous, Store};
 use process_group_collection::bench::{
     Strategy, full_layout_8, median, time_builds, time_builds_as_rank,
@@ -148,23 +147,19 @@ fn collection_gpus(ranks: usize) -> Result<Vec<Arc<hypercomm_comm::device::Gpu>>
 
 /// Starts the 8 worker processes and gathers every rank's build times per strategy.
 fn launch_workers(repeats: usize) -> Result<Vec<(Strategy, Vec<Duration>, usize)>, CliError> {
-    let program = std::env::current_exe()
-        .map_err(|e| CliError::Failed(format!("cannot find this program to launch it: {e}")))?;
-    let report = Launcher::new(program)
-        .args([
+    let report = super::launch::launch_copies(
+        vec![
             "bench".to_owned(),
             "--collection".to_owned(),
             "--collection-worker".to_owned(),
             "--repeats".to_owned(),
             repeats.to_string(),
-        ])
-        .nproc(RANKS)
-        .echo(false)
-        .capture(true)
-        .timeout(Duration::from_secs(600))
-        .run()
-        .map_err(|e| CliError::Failed(format!("cannot launch the ranks: {e}")))?;
-    super::launch::require_success(&report, "the collection ranks")?;
+        ],
+        RANKS,
+        false,
+        Duration::from_secs(600),
+        "the collection ranks",
+    )?;
     let mut measured: Vec<(Strategy, Vec<Duration>, usize)> = Strategy::ALL
         .into_iter()
         .map(|s| (s, Vec::new(), 0))

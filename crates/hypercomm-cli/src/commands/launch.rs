@@ -59,12 +59,30 @@ pub struct Args {
     command: Vec<OsString>,
 }
 
-/// For the commands that launch copies of this program as their ranks (the benchmarks' `--processes`): `Ok` when
-/// every rank exited cleanly, otherwise an error naming what failed (`what`), the launcher's summary and what the
-/// ranks wrote to stderr.
-pub fn require_success(report: &LaunchReport, what: &str) -> Result<(), CliError> {
+/// For the commands whose ranks are copies of this program (the benchmarks' `--processes`): launches `nproc` of
+/// them with `args`, each bound to a CPU of its own when `bind_cpus`, their output captured rather than echoed,
+/// and waits for all of them (at most `timeout`). `Ok` with the report when every rank exited cleanly; otherwise an
+/// error naming what failed (`what`), the launcher's summary and what the ranks wrote to stderr.
+pub fn launch_copies(
+    args: Vec<String>,
+    nproc: usize,
+    bind_cpus: bool,
+    timeout: Duration,
+    what: &str,
+) -> Result<LaunchReport, CliError> {
+    let program = std::env::current_exe()
+        .map_err(|e| CliError::Failed(format!("cannot find this program to launch it: {e}")))?;
+    let report = Launcher::new(program)
+        .args(args)
+        .nproc(nproc)
+        .bind_cpus(bind_cpus)
+        .echo(false)
+        .capture(true)
+        .timeout(timeout)
+        .run()
+        .map_err(|e| CliError::Failed(format!("cannot launch {what}: {e}")))?;
     if report.success() {
-        return Ok(());
+        return Ok(report);
     }
     let stderr: Vec<&str> = report
         .ranks

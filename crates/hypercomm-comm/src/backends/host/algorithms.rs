@@ -13,6 +13,9 @@
 //!
 //! The selector ([`Algorithm::Auto`]) takes the latency path while `bytes * (n - 1) <= LATENCY_READ_LIMIT`, the
 //! point where reading every peer's whole buffer starts to cost more than the bandwidth path's extra round.
+//!
+//! Where the ranks may read each other's memory, the large all-reduce, all-gather and reduce-scatter skip the
+//! slots altogether and read the peers' buffers where they are ([`direct`]).
 
 // A publication's wanted ranges are lists that often hold one range; indexing the count matrix by rank pairs reads
 // better than iterator chains.
@@ -140,6 +143,14 @@ impl Ctx<'_> {
             out,
             consume,
         )
+    }
+
+    /// A round that carries no data (round `index`): every rank has arrived when it returns, and the header
+    /// every rank checks still catches ranks that called different operations.
+    pub(super) fn barrier(&mut self, index: u64) -> Result<(), CommError> {
+        self.run(index, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| {
+            Ok(())
+        })
     }
 
     fn elems_per_round(&self, s: usize) -> usize {
@@ -310,7 +321,7 @@ fn in_place_rounds(
     work: &mut dyn FnMut() -> Result<(), CommError>,
 ) -> Result<(), CommError> {
     cx.run(0, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| work())?;
-    cx.run(1, vec![], &|_, _| vec![], &[], &mut [], &mut |_, _| Ok(()))
+    cx.barrier(1)
 }
 
 /// Whether an all-reduce of `bytes` takes the latency path: each rank reading every peer's whole buffer stays

@@ -79,16 +79,9 @@ pub(crate) fn wanted(cx: &Ctx<'_>, bytes: usize, window: &RangeInclusive<usize>)
         }
 }
 
-/// A round that carries no data: every rank has arrived when it returns.
+/// Direct round `index` that carries no data ([`Ctx::barrier`]).
 fn barrier(cx: &mut Ctx<'_>, index: u64) -> Result<(), CommError> {
-    cx.run(
-        ROUND + index,
-        vec![],
-        &|_, _| vec![],
-        &[],
-        &mut [],
-        &mut |_, _| Ok(()),
-    )
+    cx.barrier(ROUND + index)
 }
 
 /// Publishes this rank's buffer (`len` bytes at `addr`) and returns every rank's record, in rank order; `None`
@@ -291,18 +284,13 @@ pub(crate) fn reduce_scatter(
         return Ok(false);
     };
     let mine = shift(0..block, me * block);
-    match input {
-        Some(input) => reduce_from_peers(
-            cx,
-            &records,
-            mine.clone(),
-            Some(&input[mine]),
-            &mut out[..block],
-            dtype,
-            op,
-        )?,
-        None => reduce_from_peers(cx, &records, mine.clone(), None, &mut out[mine], dtype, op)?,
-    }
+    // Out of place, this rank's block comes from its input and the result fills `out`; in place, both are
+    // block `me` of `out`.
+    let (own, target) = match input {
+        Some(input) => (Some(&input[mine.clone()]), 0..block),
+        None => (None, mine.clone()),
+    };
+    reduce_from_peers(cx, &records, mine, own, &mut out[target], dtype, op)?;
     barrier(cx, 2)?;
     Ok(true)
 }
