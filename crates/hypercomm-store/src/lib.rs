@@ -36,6 +36,7 @@ mod prefix;
 mod rendezvous;
 mod secret;
 mod store;
+mod store_addr;
 mod tcp;
 
 pub use counting::{CountingStore, StoreCounts};
@@ -44,10 +45,11 @@ pub use key::{Key, KeyDecodeError, KeyPart};
 pub use memory::MemoryStore;
 pub use prefix::PrefixStore;
 pub use rendezvous::{
-    COMM_TIMEOUT_ENV, EnvSource, Joined, Rendezvous, RendezvousError, STORE_ADDR_ENV, StoreAddr,
+    COMM_TIMEOUT_ENV, EnvSource, Joined, Rendezvous, RendezvousError, STORE_ADDR_ENV,
 };
 pub use secret::{SECRET_ENV, Secret, SecretError};
 pub use store::{CompareSet, Store};
+pub use store_addr::StoreAddr;
 pub use tcp::{
     ClientOptions, RELAY_ADDR_ENV, RelayError, ServerError, ServerOptions, StoreRelay, TcpStore,
     TcpStoreServer,

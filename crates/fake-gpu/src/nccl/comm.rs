@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use nccl_sys::sys::{ncclComm_t, ncclResult_t};
 
 use super::exchange::{await_file, publish, publish_once};
-use super::{IN_PROGRESS, INVALID_ARGUMENT, SUCCESS};
+use super::result_codes::{
+    IN_PROGRESS, INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR, SUCCESS, SYSTEM_ERROR,
+};
 use crate::knobs;
 use crate::stream::lock;
 
@@ -186,7 +188,7 @@ impl Comm {
         for r in 0..self.nranks {
             await_file(&self.dir, &format!("connect.r{r}"), &self.stop).map_err(|e| {
                 (
-                    super::SYSTEM_ERROR,
+                    SYSTEM_ERROR,
                     format!(
                         "connecting the peers on the first collective (runtime connection): rank {r} never \
                          reached its first collective: {e}"
@@ -203,7 +205,7 @@ impl Comm {
         match self.fail_after {
             Some(k) if run >= k => {
                 self.fail(
-                    super::REMOTE_ERROR,
+                    REMOTE_ERROR,
                     &format!("injected failure after {k} operations (FAKE_NCCL_FAIL_AFTER)"),
                 );
                 true
@@ -236,16 +238,13 @@ impl Comm {
     /// communicator. As in NCCL before 2.30 (or without `NCCL_MULTI_RANK_GPU_ENABLE=1`), two ranks on one device
     /// are refused.
     pub(crate) fn join(&self, device: usize) -> Result<(), (ncclResult_t, String)> {
-        let sys = |e: String| (super::SYSTEM_ERROR, e);
+        let sys = |e: String| (SYSTEM_ERROR, e);
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| sys(format!("creating {}: {e}", self.dir.display())))?;
         let n = self.nranks as u64;
         let record = [n.to_le_bytes(), (device as u64).to_le_bytes()].concat();
         if !publish_once(&self.dir, &format!("init.r{}", self.rank), &record).map_err(sys)? {
-            return Err((
-                super::INVALID_USAGE,
-                format!("rank {} joined twice", self.rank),
-            ));
+            return Err((INVALID_USAGE, format!("rank {} joined twice", self.rank)));
         }
         let mut devices = Vec::with_capacity(self.nranks);
         for r in 0..self.nranks {
@@ -259,7 +258,7 @@ impl Comm {
             };
             if word(0) != Some(n) {
                 return Err((
-                    super::INVALID_USAGE,
+                    INVALID_USAGE,
                     format!("rank {r} joined with a different rank count than this rank's {n}"),
                 ));
             }
@@ -269,7 +268,7 @@ impl Comm {
             for (a, da) in devices.iter().enumerate() {
                 if let Some(b) = devices[a + 1..].iter().position(|db| db == da) {
                     return Err((
-                        super::INVALID_USAGE,
+                        INVALID_USAGE,
                         format!(
                             "Duplicate GPU detected : rank {a} and rank {} both on CUDA device {da}",
                             a + 1 + b

@@ -9,10 +9,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use nccl_sys::sys::{ncclComm, ncclComm_t, ncclConfig_t, ncclResult_t, ncclUniqueId};
 
 use super::comm::{Comm, from_handle, into_handle, release};
-use super::{
-    IN_PROGRESS, INVALID_ARGUMENT, INVALID_USAGE, SHRINK_ABORT, SPLIT_NOCOLOR, SUCCESS,
-    SYSTEM_ERROR, config, exchange, token,
-};
+use super::result_codes::{IN_PROGRESS, INVALID_ARGUMENT, INVALID_USAGE, SUCCESS, SYSTEM_ERROR};
+use super::{SHRINK_ABORT, SPLIT_NOCOLOR, config, exchange, token};
 use crate::knobs;
 
 /// The config behind a pointer, checked as NCCL checks it, and logged.

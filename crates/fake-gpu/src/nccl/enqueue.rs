@@ -12,7 +12,7 @@ use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclR
 use super::comm::{Comm, from_handle};
 use super::create::run_job;
 use super::ops::{self, Call, Issued, issue};
-use super::{IN_PROGRESS, INVALID_ARGUMENT, INVALID_USAGE, SUCCESS, SYSTEM_ERROR};
+use super::result_codes::{IN_PROGRESS, INVALID_ARGUMENT, INVALID_USAGE, SUCCESS, SYSTEM_ERROR};
 use crate::{knobs, stream};
 
 /// The calls of an open `ncclGroupStart`/`ncclGroupEnd` on this thread. NCCL's group state is per thread too.

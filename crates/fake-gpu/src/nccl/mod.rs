@@ -28,6 +28,7 @@ mod enqueue;
 mod exchange;
 mod ops;
 mod reduce;
+mod result_codes;
 
 // The C entry points are found by symbol name; the crate's own tests call them through these paths.
 #[cfg(test)]
@@ -41,17 +42,10 @@ use std::sync::atomic::Ordering;
 use nccl_sys::sys::{ncclComm_t, ncclResult_t, ncclUniqueId};
 
 use self::comm::{Comm, from_handle, release};
+use self::result_codes::{INVALID_ARGUMENT, SUCCESS, SYSTEM_ERROR};
 use crate::knobs;
 use crate::stream;
 
-pub(crate) const SUCCESS: ncclResult_t = 0;
-/// `ncclUnhandledCudaError`: what NCCL reports when its kernel faults (here: touched memory not allocated).
-pub(crate) const UNHANDLED_CUDA_ERROR: ncclResult_t = 1;
-pub(crate) const SYSTEM_ERROR: ncclResult_t = 2;
-pub(crate) const INVALID_ARGUMENT: ncclResult_t = 4;
-pub(crate) const INVALID_USAGE: ncclResult_t = 5;
-pub(crate) const REMOTE_ERROR: ncclResult_t = 6;
-pub(crate) const IN_PROGRESS: ncclResult_t = 7;
 const SPLIT_NOCOLOR: c_int = -1;
 /// `NCCL_SHRINK_ABORT`.
 const SHRINK_ABORT: c_int = 1;

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use super::comm::Comm;
 use super::exchange::{await_file, publish};
 use super::reduce::{op_name, reduce, type_name, width};
-use super::{INVALID_USAGE, SYSTEM_ERROR, UNHANDLED_CUDA_ERROR};
+use super::result_codes::{INVALID_ARGUMENT, INVALID_USAGE, SYSTEM_ERROR, UNHANDLED_CUDA_ERROR};
 use crate::memory;
 
 /// One call, with device addresses. Counts are in elements, as NCCL takes them.
@@ -139,7 +139,7 @@ pub(crate) struct Issued {
 
 /// Checks `call` against `comm` and gives it its place; `Err` with NCCL's answer for bad arguments.
 pub(crate) fn issue(comm: &Arc<Comm>, call: Call) -> Result<Issued, (ncclResult_t, String)> {
-    let bad = |why: String| Err((super::INVALID_ARGUMENT, why));
+    let bad = |why: String| Err((INVALID_ARGUMENT, why));
     let Some(w) = width(call.dtype()) else {
         return bad(format!(
             "{} is not a type the fake moves",

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::Frame;
+use super::message::Frame;
 use crate::mac::DIGEST_LEN;
 use crate::{Key, KeyDecodeError};
 

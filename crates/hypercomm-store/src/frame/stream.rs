@@ -3,7 +3,8 @@
 
 use std::io::{self, Read, Write};
 
-use super::{Frame, FrameError};
+use super::codec::FrameError;
+use super::message::Frame;
 
 /// Why [`read_frame`] returned no frame.
 #[derive(Debug, thiserror::Error)]
