@@ -36,7 +36,6 @@ use std::time::Instant;
 
 use hypercomm_store::{Key, Store, StoreError};
 
-use super::DEFAULT_SCRATCH;
 use super::fdpass;
 use super::liveness::process_alive;
 use super::mesh;
@@ -46,6 +45,9 @@ use super::tcp::TcpTransport;
 use super::transport::Transport;
 use crate::options::CommOptions;
 use crate::{CommError, Step};
+
+/// Default bytes of staging area per rank and round.
+const DEFAULT_SCRATCH: usize = 1 << 20;
 
 /// Bytes per point-to-point mailbox: enough for small messages in one piece without growing the segment much.
 const MAILBOX_BYTES: usize = 64 * 1024;

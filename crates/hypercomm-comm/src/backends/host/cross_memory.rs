@@ -4,8 +4,7 @@
 //! The shared-memory transport stages every byte twice: the owner publishes it into its slot, the reader copies
 //! (or reduces) it out. Where the ranks of a communicator are processes (or threads) on one host that may read each
 //! other's memory, the large collectives read the peers' buffers where they are instead (see the `direct`
-//! functions in [`algorithms`](super::algorithms)): each rank publishes a [`Record`] of its buffer in an
-//! ordinary round, and the peers copy from it.
+//! module): each rank publishes a [`Record`] of its buffer in an ordinary round, and the peers copy from it.
 //!
 //! Whether a rank may read another's memory is the kernel's call (the same user, no `PR_SET_DUMPABLE` cleared,
 //! Yama's `ptrace_scope`, a container's seccomp profile, one pid namespace). So before the first direct operation

@@ -27,7 +27,7 @@
 use std::cmp::Ordering;
 use std::ops::{Range, RangeInclusive};
 
-use super::algorithms::{Ctx, all, fault, part, pieces, scale, shift};
+use super::collective::{Ctx, all, fault, part, pieces, scale, shift};
 use super::cross_memory::{Agreement, RECORD_BYTES, Record};
 use super::liveness::process_alive;
 use super::stream_copy;

@@ -4,12 +4,14 @@
 //! (an anonymous memfd handed over a nameless socket, so nothing is left behind however a rank ends);
 //! otherwise, or with [`CommOptions::force_tcp`](crate::CommOptions::force_tcp), through a full mesh of TCP
 //! connections. Both transports implement the same round primitive ([`transport`]), and every collective is
-//! written once against it ([`algorithms`]). On one host the large all-reduce, all-gather and reduce-scatter
-//! skip the staging where the ranks may read each other's memory: they read the peers' buffers where they are,
-//! one copy by the kernel ([`direct`], [`cross_memory`]).
+//! written once against it, staged through the slots ([`staged`], [`staged_all_reduce`]), from what they all
+//! share ([`collective`]). On one host the large all-reduce, all-gather and reduce-scatter skip the staging where
+//! the ranks may read each other's memory: they read the peers' buffers where they are, one copy by the kernel
+//! ([`direct`], [`cross_memory`]). The collectives over symmetric buffers read the peers' windows in place
+//! ([`symmetric_algorithms`]).
 
-mod algorithms;
 mod bootstrap;
+mod collective;
 mod cross_memory;
 mod direct;
 mod fdpass;
@@ -18,7 +20,10 @@ mod liveness;
 mod mesh;
 mod segment;
 mod shm;
+mod staged;
+mod staged_all_reduce;
 mod stream_copy;
+mod symmetric_algorithms;
 mod tcp;
 mod transport;
 
@@ -26,7 +31,7 @@ use std::sync::Arc;
 
 use hypercomm_store::Store;
 
-use self::algorithms::{Ctx, header as op_header};
+use self::collective::{Ctx, header as op_header};
 use self::header::{Header, OpKind};
 use self::transport::Transport;
 use crate::CommError;
@@ -35,11 +40,8 @@ use crate::element::{DType, ReduceOp};
 use crate::options::{Algorithm, CommOptions};
 use crate::symmetric::Windows;
 
-pub(crate) use algorithms::LATENCY_READ_LIMIT;
 pub(crate) use segment::{Segment, window_bytes};
-
-/// Default bytes of staging area per rank and round.
-pub(crate) const DEFAULT_SCRATCH: usize = 1 << 20;
+pub(crate) use staged_all_reduce::LATENCY_READ_LIMIT;
 
 /// The host backend of one communicator.
 pub(crate) struct HostBackend {
@@ -140,7 +142,7 @@ impl Backend for HostBackend {
             }
         };
         let count = buf.len() / dtype.size();
-        algorithms::all_reduce(
+        staged_all_reduce::all_reduce(
             &mut self.ctx(OpKind::AllReduce, Some(dtype), Some(op), None, count),
             buf,
             dtype,
@@ -160,7 +162,7 @@ impl Backend for HostBackend {
             }
         };
         let count = buf.len() / dtype.size();
-        algorithms::broadcast(
+        staged::broadcast(
             &mut self.ctx(OpKind::Broadcast, Some(dtype), None, Some(root), count),
             buf,
             dtype,
@@ -181,7 +183,7 @@ impl Backend for HostBackend {
         };
         let count = input.map_or(out.len(), <[u8]>::len) / dtype.size();
         let mut cx = self.ctx(OpKind::Reduce, Some(dtype), Some(op), Some(root), count);
-        algorithms::reduce_to_root(&mut cx, input, out, dtype, op, root)
+        staged::reduce_to_root(&mut cx, input, out, dtype, op, root)
     }
 
     fn all_gather(&mut self, io: Io<'_>, dtype: DType) -> Result<(), CommError> {
@@ -200,7 +202,7 @@ impl Backend for HostBackend {
             None,
             per_rank / dtype.size(),
         );
-        algorithms::all_gather(&mut cx, input, out, per_rank, dtype)
+        staged::all_gather(&mut cx, input, out, per_rank, dtype)
     }
 
     fn reduce_scatter(&mut self, io: Io<'_>, dtype: DType, op: ReduceOp) -> Result<(), CommError> {
@@ -222,7 +224,7 @@ impl Backend for HostBackend {
             None,
             block / dtype.size(),
         );
-        algorithms::reduce_scatter(&mut cx, input, out, block, dtype, op)
+        staged::reduce_scatter(&mut cx, input, out, block, dtype, op)
     }
 
     fn all_to_all(&mut self, io: Io<'_>, dtype: DType) -> Result<(), CommError> {
@@ -239,7 +241,7 @@ impl Backend for HostBackend {
             None,
             block / dtype.size(),
         );
-        algorithms::all_to_all(&mut cx, input, out, block, dtype)
+        staged::all_to_all(&mut cx, input, out, block, dtype)
     }
 
     fn all_to_all_v(
@@ -251,7 +253,7 @@ impl Backend for HostBackend {
         dtype: DType,
     ) -> Result<(), CommError> {
         let mut cx = self.ctx(OpKind::AllToAllV, Some(dtype), None, None, 0);
-        algorithms::all_to_all_v(&mut cx, input, send_counts, output, recv_counts, dtype)
+        staged::all_to_all_v(&mut cx, input, send_counts, output, recv_counts, dtype)
     }
 
     fn gather(
@@ -268,7 +270,7 @@ impl Backend for HostBackend {
             Some(root),
             input.len() / dtype.size(),
         );
-        algorithms::gather(&mut cx, input, output, dtype, root)
+        staged::gather(&mut cx, input, output, dtype, root)
     }
 
     fn scatter(
@@ -285,7 +287,7 @@ impl Backend for HostBackend {
             Some(root),
             output.len() / dtype.size(),
         );
-        algorithms::scatter(&mut cx, input, output, dtype, root)
+        staged::scatter(&mut cx, input, output, dtype, root)
     }
 
     fn send(&mut self, data: &[u8], dtype: DType, peer: usize, tag: u64) -> Result<(), CommError> {
@@ -305,7 +307,7 @@ impl Backend for HostBackend {
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {
-        algorithms::barrier(&mut self.ctx(OpKind::Barrier, None, None, None, 0))
+        staged::barrier(&mut self.ctx(OpKind::Barrier, None, None, None, 0))
     }
 
     fn symmetric(
@@ -330,13 +332,13 @@ impl Backend for HostBackend {
         cx.header.window = Some(offset as u64);
         match op {
             SymmetricOp::AllReduce(r) => {
-                algorithms::all_reduce_symmetric(&mut cx, &windows, at, dtype, r)
+                symmetric_algorithms::all_reduce_symmetric(&mut cx, &windows, at, dtype, r)
             }
             SymmetricOp::AllGather => {
-                algorithms::all_gather_symmetric(&mut cx, &windows, at, dtype)
+                symmetric_algorithms::all_gather_symmetric(&mut cx, &windows, at, dtype)
             }
             SymmetricOp::ReduceScatter(r) => {
-                algorithms::reduce_scatter_symmetric(&mut cx, &windows, at, dtype, r)
+                symmetric_algorithms::reduce_scatter_symmetric(&mut cx, &windows, at, dtype, r)
             }
         }
     }
