@@ -19,9 +19,10 @@
 //!   goes through NCCL on candle's stream. Several ranks on one GPU need NCCL 2.30 or newer with
 //!   `NCCL_MULTI_RANK_GPU_ENABLE=1`. The numbers match the CPU run's to about 1e-5 relative.
 //!
-//! Run with `cargo run --features candle --example candle_dp_tp -- --tp 2 --dp 2`. Started without rank variables
-//! it launches its ranks itself (through `hypercomm::launch::Launcher`); under `hypercomm launch -n 4` or
-//! torchrun it runs as one rank of the job.
+//! Run with `cargo run --features candle --example candle_dp_tp -- --tp 2 --dp 2`. Started by hand it launches
+//! its ranks itself (through `hypercomm::launch::Launcher`); under any launcher `Rendezvous::from_env` reads
+//! (`hypercomm launch -n 4`, torchrun, `srun -n 4`, `mpirun -n 4`, with `HYPERCOMM_STORE_ADDR` exported under
+//! srun and mpirun) it runs as one rank of the job.
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -36,7 +37,7 @@ use hypercomm::comm::device::{DeviceRuntime, Gpu};
 use hypercomm::grid::layout::LayoutConfig;
 use hypercomm::launch::Launcher;
 use hypercomm::pgc::{GroupOptions, ProcessGroupCollection};
-use hypercomm::store::{Rendezvous, Store};
+use hypercomm::store::{EnvSource, Rendezvous, Store};
 
 const SEED: u64 = 0x5eed_2026;
 const INPUTS: usize = 8;
@@ -116,12 +117,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result =
-        if std::env::var_os("HYPERCOMM_RANK").is_none() && std::env::var_os("RANK").is_none() {
-            launch(&args)
-        } else {
-            rank_main(&args)
-        };
+    let result = if EnvSource::detect().is_none() {
+        launch(&args)
+    } else {
+        rank_main(&args)
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

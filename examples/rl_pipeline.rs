@@ -7,8 +7,10 @@
 //! Each model is its own `ProcessGroupCollection`, namespaced by its name, so the collections never collide in the
 //! store. The program checks every collective's result.
 //!
-//! Run with `cargo run --example rl_pipeline`. Started without rank variables it launches itself as 8 ranks
-//! (through `hypercomm::launch::Launcher`); under `hypercomm launch -n 8` or torchrun it runs as one rank.
+//! Run with `cargo run --example rl_pipeline`. Started by hand it launches itself as 8 ranks (through
+//! `hypercomm::launch::Launcher`); under any launcher `Rendezvous::from_env` reads (`hypercomm launch -n 8`,
+//! torchrun, `srun -n 8`, `mpirun -n 8`) it runs as one rank of that launcher's job. Under srun and mpirun, export
+//! the store's address as `HYPERCOMM_STORE_ADDR=host:port` (rank 0 hosts the store there).
 
 use std::error::Error;
 use std::sync::Arc;
@@ -18,13 +20,13 @@ use hypercomm::comm::ReduceOp;
 use hypercomm::grid::layout::LayoutConfig;
 use hypercomm::launch::Launcher;
 use hypercomm::pgc::{GroupId, ProcessGroupCollection};
-use hypercomm::store::{Rendezvous, Store};
+use hypercomm::store::{EnvSource, Rendezvous, Store};
 
 const WORLD: usize = 8;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn main() -> Result<(), Box<dyn Error>> {
-    if std::env::var_os("HYPERCOMM_RANK").is_none() && std::env::var_os("RANK").is_none() {
+    if EnvSource::detect().is_none() {
         let report = Launcher::new(std::env::current_exe()?)
             .nproc(WORLD)
             .timeout(Duration::from_secs(120))

@@ -5,6 +5,7 @@
 
 mod commands;
 mod error;
+mod numbers;
 mod output;
 mod render;
 

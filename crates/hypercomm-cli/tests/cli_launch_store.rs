@@ -124,16 +124,34 @@ fn launch_tells_the_ranks_the_communicator_timeout_and_checks_the_periods() {
     for (arg, says) in [
         ("--comm-timeout-secs=0", "communicator timeout 0s"),
         ("--kill-after-secs=-1", "--kill-after-secs=-1 is not"),
+        // A negative value after a space reaches the same check, not clap's "unexpected argument '-1'".
+        ("--kill-after-secs -1", "--kill-after-secs=-1 is not"),
         ("--grace-secs=NaN", "--grace-secs=NaN is not"),
     ] {
         let out = hypercomm()
-            .args(["launch", "-n", "1", arg, "--", "true"])
+            .args(["launch", "-n", "1"])
+            .args(arg.split(' '))
+            .args(["--", "true"])
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{arg}: {err}");
         assert!(err.contains(says), "{arg}: {err}");
     }
+}
+
+#[test]
+fn launch_names_a_negative_rank_count() {
+    let out = hypercomm()
+        .args(["launch", "-n", "-4", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("invalid value '-4' for '--nproc-per-node <NPROC>': cannot be negative"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -265,6 +265,23 @@ fn bad_input_exits_2_with_one_line() {
             vec!["layout", "--world", "16", "--tp", "x"],
             "invalid value 'x'",
         ),
+        // A leading '-' is read as a value, not as the flags -6 -4, and refused by the rule it breaks.
+        (
+            vec!["layout", "--world", "-64"],
+            "invalid value '-64' for '--world <WORLD>': cannot be negative",
+        ),
+        (
+            vec!["layout", "--world", "64", "--tp", "-2"],
+            "invalid value '-2' for '--tp <TP>': cannot be negative",
+        ),
+        (
+            vec!["layout", "--world", "64", "--rank", "-1"],
+            "invalid value '-1' for '--rank <RANK>': cannot be negative",
+        ),
+        (
+            vec!["layout", "--world", "64", "--cp", "8", "--hcp", "2,-4"],
+            "invalid value '-4' for '--hcp <HCP>': cannot be negative",
+        ),
     ] {
         let out = hypercomm(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

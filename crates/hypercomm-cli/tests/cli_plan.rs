@@ -277,4 +277,36 @@ fn render_rejects_bad_input() {
         ],
         "this layout has no expt_dp_ag groups",
     );
+    // An output that cannot be created is bad input named in one line, before anything is drawn.
+    for name in ["out.png", "out.svg"] {
+        let missing = dir.join("no-such-dir").join(name);
+        usage_error(
+            &[
+                "layout",
+                "--world",
+                "64",
+                "--tp",
+                "2",
+                "--render",
+                missing.to_str().unwrap(),
+            ],
+            &format!(
+                "hypercomm: --render {}: the directory {} does not exist",
+                missing.display(),
+                dir.join("no-such-dir").display()
+            ),
+        );
+    }
+    let taken = dir.join("taken.svg");
+    std::fs::create_dir(&taken).unwrap();
+    usage_error(
+        &[
+            "layout",
+            "--world",
+            "8",
+            "--render",
+            taken.to_str().unwrap(),
+        ],
+        &format!("--render {}: cannot create the file: ", taken.display()),
+    );
 }

@@ -7,13 +7,20 @@
 //! |---|---|---|---|---|
 //! | [`EnvSource::Hypercomm`] (`hypercomm launch`, or by hand) | `HYPERCOMM_RANK` | `HYPERCOMM_WORLD_SIZE` | `HYPERCOMM_LOCAL_RANK` | `HYPERCOMM_LOCAL_WORLD_SIZE` |
 //! | [`EnvSource::Torchrun`] | `RANK` | `WORLD_SIZE` | `LOCAL_RANK` | `LOCAL_WORLD_SIZE` |
+//! | [`EnvSource::OpenMpi`] (`mpirun`) | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` | `OMPI_COMM_WORLD_LOCAL_SIZE` |
 //! | [`EnvSource::Slurm`] (`srun`) | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` | `SLURM_TASKS_PER_NODE` at `SLURM_NODEID` |
-//! | [`EnvSource::OpenMpi`] | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` | `OMPI_COMM_WORLD_LOCAL_SIZE` |
 //! | [`EnvSource::Pmi`] (MPICH, Intel MPI) | `PMI_RANK` | `PMI_SIZE` | `MPI_LOCALRANKID` | `MPI_LOCALNRANKS` |
 //!
 //! A source counts as present when its rank or world-size variable is set; a present source must then be complete,
 //! and a missing or unparsable variable is an error that names it. Lower-priority sources are not consulted once
-//! one is present (under `srun torchrun ...` both are set and torchrun's view is the one that matters).
+//! one is present: the order puts the launcher that runs inside another first (under `srun torchrun ...` both are
+//! set and torchrun's view is the one that matters; `mpirun` in a SLURM job script or under `srun` leaves the job
+//! step's `SLURM_PROCID` and `SLURM_NTASKS` in every rank's environment, so Open MPI's variables come before
+//! SLURM's). PMI comes after SLURM because `srun --mpi=pmi2` sets `PMI_RANK` and `PMI_SIZE` without the local
+//! variables; MPICH's `mpiexec` inside a SLURM job is therefore read as the SLURM job step, so start MPICH jobs
+//! there with `srun` instead.
+//! [`EnvSource::detect`] applies the same rule and only says which source is present, for programs that start
+//! their own ranks when no launcher started them.
 //!
 //! The store address comes from `HYPERCOMM_STORE_ADDR` (`host:port`) or else from `MASTER_ADDR` and
 //! `MASTER_PORT`, for every source. Under SLURM, Open MPI and MPICH one of the two must be exported by the job
@@ -42,12 +49,51 @@ pub enum EnvSource {
     Hypercomm,
     /// PyTorch's torchrun (`RANK`, `WORLD_SIZE`, ...).
     Torchrun,
-    /// SLURM's srun (`SLURM_PROCID`, ...).
-    Slurm,
     /// Open MPI's mpirun (`OMPI_COMM_WORLD_*`).
     OpenMpi,
+    /// SLURM's srun (`SLURM_PROCID`, ...).
+    Slurm,
     /// MPICH-style PMI (`PMI_RANK`, `PMI_SIZE`).
     Pmi,
+}
+
+impl EnvSource {
+    /// The launcher whose variables this process's environment holds, by the rule and in the order
+    /// [`Rendezvous::from_env`] uses; `None` when no recognised launcher started this process.
+    ///
+    /// A program that starts its own ranks when run by hand asks this, not for one variable, so that under any
+    /// launcher `from_env` reads (`hypercomm launch`, torchrun, srun, mpirun, MPICH) it runs as one rank of that
+    /// launcher's job instead of starting a job of its own in every rank:
+    ///
+    /// ```no_run
+    /// use hypercomm_store::{EnvSource, Rendezvous};
+    ///
+    /// match EnvSource::detect() {
+    ///     None => { /* started by hand: launch the ranks (hypercomm::launch::Launcher) */ }
+    ///     Some(_) => { let rendezvous = Rendezvous::from_env()?; /* run as rendezvous.rank */ }
+    /// }
+    /// # Ok::<(), hypercomm_store::RendezvousError>(())
+    /// ```
+    ///
+    /// Only presence is checked (a rank or world-size variable set); whether the launcher's variables are complete
+    /// and consistent is [`Rendezvous::from_env`]'s to say.
+    pub fn detect() -> Option<EnvSource> {
+        EnvSource::detect_in(&|name| std::env::var(name).ok())
+    }
+
+    /// [`EnvSource::detect`] over variables read through `vars` (name → value), as [`Rendezvous::from_vars`]
+    /// reads them.
+    ///
+    /// ```
+    /// use hypercomm_store::EnvSource;
+    ///
+    /// let mpirun = |name: &str| (name == "OMPI_COMM_WORLD_SIZE").then(|| "8".to_owned());
+    /// assert_eq!(EnvSource::detect_in(&mpirun), Some(EnvSource::OpenMpi));
+    /// assert_eq!(EnvSource::detect_in(&|_: &str| None), None);
+    /// ```
+    pub fn detect_in(vars: &impl Fn(&str) -> Option<String>) -> Option<EnvSource> {
+        present(vars).map(|names| names.source)
+    }
 }
 
 impl fmt::Display for EnvSource {
@@ -179,18 +225,18 @@ const SOURCES: [Names; 5] = [
         local_world: "LOCAL_WORLD_SIZE",
     },
     Names {
-        source: EnvSource::Slurm,
-        rank: "SLURM_PROCID",
-        world: "SLURM_NTASKS",
-        local_rank: "SLURM_LOCALID",
-        local_world: "SLURM_TASKS_PER_NODE",
-    },
-    Names {
         source: EnvSource::OpenMpi,
         rank: "OMPI_COMM_WORLD_RANK",
         world: "OMPI_COMM_WORLD_SIZE",
         local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
         local_world: "OMPI_COMM_WORLD_LOCAL_SIZE",
+    },
+    Names {
+        source: EnvSource::Slurm,
+        rank: "SLURM_PROCID",
+        world: "SLURM_NTASKS",
+        local_rank: "SLURM_LOCALID",
+        local_world: "SLURM_TASKS_PER_NODE",
     },
     Names {
         source: EnvSource::Pmi,
@@ -201,6 +247,13 @@ const SOURCES: [Names; 5] = [
     },
 ];
 
+/// The first source, in priority order, whose rank or world-size variable is set.
+fn present(vars: &impl Fn(&str) -> Option<String>) -> Option<&'static Names> {
+    SOURCES
+        .iter()
+        .find(|n| vars(n.rank).is_some() || vars(n.world).is_some())
+}
+
 /// The variable giving the store's `host:port` directly.
 pub const STORE_ADDR_ENV: &str = "HYPERCOMM_STORE_ADDR";
 
@@ -209,7 +262,7 @@ pub const STORE_ADDR_ENV: &str = "HYPERCOMM_STORE_ADDR";
 pub const COMM_TIMEOUT_ENV: &str = "HYPERCOMM_COMM_TIMEOUT_SECS";
 
 impl Rendezvous {
-    /// Reads the process environment: `HYPERCOMM_*`, then torchrun, SLURM, Open MPI and PMI variables, as in
+    /// Reads the process environment: `HYPERCOMM_*`, then torchrun, Open MPI, SLURM and PMI variables, as in
     /// [`Rendezvous::from_vars`].
     pub fn from_env() -> Result<Self, RendezvousError> {
         Rendezvous::from_vars(&|name| std::env::var(name).ok())
@@ -220,15 +273,12 @@ impl Rendezvous {
     ///
     /// The first source whose rank or world-size variable is set is used, in this order: `HYPERCOMM_RANK` /
     /// `HYPERCOMM_WORLD_SIZE` / `HYPERCOMM_LOCAL_RANK` / `HYPERCOMM_LOCAL_WORLD_SIZE`; torchrun's `RANK` /
-    /// `WORLD_SIZE` / `LOCAL_RANK` / `LOCAL_WORLD_SIZE`; SLURM's `SLURM_PROCID` / `SLURM_NTASKS` /
-    /// `SLURM_LOCALID` / `SLURM_TASKS_PER_NODE` at `SLURM_NODEID`; Open MPI's `OMPI_COMM_WORLD_RANK` / `_SIZE` /
-    /// `_LOCAL_RANK` / `_LOCAL_SIZE`; PMI's `PMI_RANK` / `PMI_SIZE` / `MPI_LOCALRANKID` / `MPI_LOCALNRANKS`. The
+    /// `WORLD_SIZE` / `LOCAL_RANK` / `LOCAL_WORLD_SIZE`; Open MPI's `OMPI_COMM_WORLD_RANK` / `_SIZE` /
+    /// `_LOCAL_RANK` / `_LOCAL_SIZE`; SLURM's `SLURM_PROCID` / `SLURM_NTASKS` / `SLURM_LOCALID` /
+    /// `SLURM_TASKS_PER_NODE` at `SLURM_NODEID`; PMI's `PMI_RANK` / `PMI_SIZE` / `MPI_LOCALRANKID` / `MPI_LOCALNRANKS`. The
     /// store address is [`STORE_ADDR_ENV`] or `MASTER_ADDR` and `MASTER_PORT`.
     pub fn from_vars(vars: &impl Fn(&str) -> Option<String>) -> Result<Self, RendezvousError> {
-        let names = SOURCES
-            .iter()
-            .find(|n| vars(n.rank).is_some() || vars(n.world).is_some())
-            .ok_or(RendezvousError::NoSource)?;
+        let names = present(vars).ok_or(RendezvousError::NoSource)?;
         let source = names.source;
         let required = |var: &'static str| -> Result<String, RendezvousError> {
             vars(var).ok_or_else(|| RendezvousError::Missing {
@@ -556,6 +606,73 @@ mod tests {
             );
             assert_eq!(rdv.store_addr.to_string(), "127.0.0.1:29500");
         }
+    }
+
+    #[test]
+    fn detect_finds_each_launcher_by_its_rank_or_its_world_size_alone() {
+        for names in &SOURCES {
+            for var in [names.rank, names.world] {
+                assert_eq!(
+                    EnvSource::detect_in(&vars(&[(var, "3")])),
+                    Some(names.source),
+                    "{var}"
+                );
+            }
+            // The local variables alone do not make a launcher present, as for from_vars.
+            let local = [(names.local_rank, "0"), (names.local_world, "1")];
+            assert_eq!(
+                EnvSource::detect_in(&vars(&local)),
+                None,
+                "{}",
+                names.source
+            );
+        }
+        assert_eq!(EnvSource::detect_in(&vars(&[ADDR])), None);
+    }
+
+    #[test]
+    fn detect_agrees_with_from_vars_on_priority_and_on_incomplete_sources() {
+        // Under `srun torchrun` and `mpirun` inside a SLURM job, several launchers' variables are set at once; the
+        // inner launcher's are the ones that describe the process.
+        let torchrun_in_slurm = [
+            ("RANK", "5"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_TASKS_PER_NODE", "1(x2)"),
+            ADDR,
+        ];
+        let mpirun_in_slurm = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "1"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_TASKS_PER_NODE", "1"),
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "3"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "8"),
+            ADDR,
+        ];
+        for (pairs, inner) in [
+            (&torchrun_in_slurm[..], EnvSource::Torchrun),
+            (&mpirun_in_slurm[..], EnvSource::OpenMpi),
+        ] {
+            assert_eq!(EnvSource::detect_in(&vars(pairs)), Some(inner));
+            assert_eq!(read(pairs).unwrap().source, inner);
+        }
+        // Present but incomplete: detect says which launcher, from_vars says what is missing.
+        let incomplete = [("OMPI_COMM_WORLD_SIZE", "8")];
+        assert_eq!(
+            EnvSource::detect_in(&vars(&incomplete)),
+            Some(EnvSource::OpenMpi)
+        );
+        assert!(matches!(
+            read(&incomplete),
+            Err(RendezvousError::Missing { .. })
+        ));
     }
 
     #[test]

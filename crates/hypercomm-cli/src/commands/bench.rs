@@ -8,6 +8,7 @@ use hypercomm_comm::{Algorithm, CommOptions};
 
 use super::provenance::Provenance;
 use crate::error::CliError;
+use crate::numbers::non_negative;
 
 /// Which backend `hypercomm bench` measures.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +65,7 @@ pub struct Args {
     backend: Backend,
     /// Number of ranks (threads of this process, each with its own communicator, or processes with --processes).
     /// Default: 2 on the host, one per visible GPU with nccl.
-    #[arg(short = 'n', long)]
+    #[arg(short = 'n', long, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     ranks: Option<usize>,
     /// Collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all.
     #[arg(long, default_value = "all_reduce")]
@@ -76,12 +77,12 @@ pub struct Args {
     #[arg(long)]
     tcp: bool,
     /// Most timed iterations per size (large sizes use fewer, at least 5).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     iters: usize,
     /// Host: run the whole benchmark this many times in a row (fresh communicators each time) and report, per
     /// size, the median of the runs' medians and their spread (min-max), with the load average before and after.
     /// How small-message latency is judged on a shared machine: one run can be lucky or unlucky.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     runs: usize,
     /// Host: let the scheduler place the rank threads instead of binding rank i to the i-th CPU this process may
     /// use (ranks float anyway when there are more ranks than CPUs). Unbound, two ranks on two cores sometimes
@@ -118,17 +119,17 @@ pub struct Args {
     #[arg(long)]
     collection: bool,
     /// With --backend nccl: calls per batch when timing the host cost of one call against raw NCCL (0 skips it).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     overhead_calls: usize,
     /// With --backend nccl: batches of each side when timing the host cost of one call.
-    #[arg(long, default_value_t = 21)]
+    #[arg(long, default_value_t = 21, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     overhead_batches: usize,
     /// With --backend nccl: blocking NCCL communicators (`blocking = 1` in their config) instead of hypercomm's
     /// default, non-blocking ones polled by the backend; to compare the host cost of the two modes.
     #[arg(long)]
     blocking: bool,
     /// With --collection: how many times each strategy builds the collection.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     repeats: usize,
     /// Run the ranks as processes started through the launcher (`hypercomm launch`, which hosts a TCP store and binds
     /// each rank to its share of the CPUs unless --unpinned), as a training job runs them, instead of threads of

@@ -6,6 +6,7 @@ use hypercomm_grid::{Grid, parse_dims};
 use serde::Serialize;
 
 use crate::error::CliError;
+use crate::numbers::non_negative;
 use crate::output::{OrderedMap, print_json, write_groups};
 
 /// Arguments of `hypercomm grid`.
@@ -15,7 +16,7 @@ pub struct Args {
     #[arg(long)]
     dims: String,
     /// The first rank of the grid.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     offset: usize,
     /// A set of dimensions joined by '-' (`dp-cp`); print its groups. Repeat for several sets.
     #[arg(long = "groups", value_name = "DIMS")]

@@ -7,36 +7,37 @@ use hypercomm_launch::{LaunchError, LaunchReport, Launcher};
 use hypercomm_store::Secret;
 
 use crate::error::CliError;
+use crate::numbers::non_negative;
 
 /// Arguments of `hypercomm launch`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Ranks to start on this node.
-    #[arg(short = 'n', long = "nproc-per-node")]
+    #[arg(short = 'n', long = "nproc-per-node", allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     nproc: usize,
     /// Nodes in the job.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     nnodes: usize,
     /// This node's index, `0..nnodes`; node 0 hosts the store.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     node_rank: usize,
     /// Host the store binds on node 0 and the ranks connect to.
     #[arg(long, default_value = "127.0.0.1")]
     master_addr: String,
     /// Store port (0: a free port, single node only).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = non_negative::<u16>)]
     master_port: u16,
     /// Seconds the other ranks get, after one fails, to report and exit before SIGTERM [default: the
     /// communicator timeout + 15]. Survivors learn of a dead peer at once, but of a peer that never arrived or
     /// stalled only when their communicator timeout runs out; the job ends as soon as every rank has exited.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     grace_secs: Option<f64>,
     /// The timeout of the ranks' communicators, which the default grace is derived from; exported to every rank
     /// as HYPERCOMM_COMM_TIMEOUT_SECS (Rendezvous::comm_timeout) for the program to use.
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, default_value_t = 300.0, allow_negative_numbers = true)]
     comm_timeout_secs: f64,
     /// Seconds between SIGTERM and SIGKILL.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     kill_after_secs: f64,
     /// Reach the store through a relay on this node (`on`), or directly (`off`). By default a job of several
     /// nodes uses a relay on each node and a single node does not.
@@ -52,7 +53,7 @@ pub struct Args {
     #[arg(long)]
     bind_cpus: bool,
     /// Stop the whole job after this many seconds.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     timeout_secs: Option<f64>,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]

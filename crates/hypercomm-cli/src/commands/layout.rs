@@ -9,6 +9,7 @@ use hypercomm_plan::Placement;
 use serde::Serialize;
 
 use crate::error::CliError;
+use crate::numbers::non_negative;
 use crate::output::{JsonStream, OrderedMap, format_group_ranks, print_json, write_groups};
 use crate::render::scene::{HostRow, layout_scene};
 
@@ -21,13 +22,13 @@ pub struct Args {
     #[arg(long, default_value = "tp-cp-ep-dp-pp")]
     order: String,
     /// The first rank of the layout.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     offset: usize,
     /// Hierarchical context-parallel sizes, innermost first: `2,4`.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true, value_parser = non_negative::<usize>)]
     hcp: Option<Vec<usize>>,
     /// Print only this rank's groups, each computed directly for the rank.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     rank: Option<usize>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -48,7 +49,7 @@ pub struct Args {
     #[arg(long, requires = "render")]
     cluster: Option<PathBuf>,
     /// With --render and no --cluster: GPUs per host.
-    #[arg(long, default_value_t = 8, requires = "render")]
+    #[arg(long, default_value_t = 8, requires = "render", allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     gpus_per_host: usize,
 }
 

@@ -11,6 +11,7 @@ use hypercomm_plan::{
 use serde::Serialize;
 
 use crate::error::CliError;
+use crate::numbers::non_negative;
 use crate::output::print_json;
 
 /// Arguments of `hypercomm plan`.
@@ -22,35 +23,35 @@ pub struct Args {
     #[command(flatten)]
     sizes: super::sizes::SizeArgs,
     /// Model parameters, for the default traffic (default 7e9).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     model_params: Option<f64>,
     /// Transformer layers (default 32).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     layers: Option<f64>,
     /// Hidden size (default 4096).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     hidden: Option<f64>,
     /// Sequence length in tokens (default 4096).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     seq_len: Option<f64>,
     /// Sequences per micro-batch (default 1).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     micro_batch: Option<f64>,
     /// Micro-batches per step (default 8).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     micro_batches: Option<f64>,
     /// Bytes per element (default 2).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     bytes_per_element: Option<f64>,
     /// Experts per token, for ep traffic (default 2).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     top_k: Option<f64>,
     /// Bytes per rank per step that override the model's: `tp=4e9,dp=1.5G,pp=250MB` (kinds tp, cp, ep, dp,
     /// expt_dp, pp).
     #[arg(long)]
     traffic: Option<String>,
     /// How many candidates to show.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     top: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]

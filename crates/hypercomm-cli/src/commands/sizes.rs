@@ -3,29 +3,31 @@
 
 use hypercomm_grid::layout::LayoutConfig;
 
+use crate::numbers::non_negative;
+
 /// Parallel sizes of a Megatron-Core layout; every size defaults to 1 except `--etp`, which defaults to tp.
 #[derive(clap::Args, Debug)]
 pub struct SizeArgs {
     /// The number of ranks.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub world: usize,
     /// Tensor-parallel size.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub tp: usize,
     /// Pipeline-parallel size.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub pp: usize,
     /// Context-parallel size.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub cp: usize,
     /// Expert-parallel size.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub ep: usize,
     /// Expert tensor-parallel size (default: tp, as in Megatron-Core).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub etp: Option<usize>,
     /// Number of distributed-optimizer instances.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     pub dist_opt_instances: usize,
 }
 

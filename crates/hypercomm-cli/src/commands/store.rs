@@ -8,6 +8,7 @@ use hypercomm_store::frame::DEFAULT_MAX_FRAME;
 use hypercomm_store::{SECRET_ENV, Secret, ServerOptions, TcpStore};
 
 use crate::error::CliError;
+use crate::numbers::non_negative;
 
 /// Arguments of `hypercomm store`.
 #[derive(clap::Args, Debug)]
@@ -16,14 +17,14 @@ pub struct Args {
     #[arg(long, default_value = "127.0.0.1:29500")]
     bind: String,
     /// Largest frame accepted, in bytes.
-    #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
+    #[arg(long, default_value_t = DEFAULT_MAX_FRAME, allow_negative_numbers = true, value_parser = non_negative::<u32>)]
     max_frame: u32,
     /// Connections served at once. Without it, the open-file limit (`ulimit -n`) is the only limit, and a client
     /// refused for it is told the limit.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     max_connections: Option<usize>,
     /// Stop after this many seconds instead of running until SIGINT or SIGTERM.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = non_negative::<u64>)]
     duration_secs: Option<u64>,
 }
 

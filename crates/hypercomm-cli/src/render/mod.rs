@@ -17,12 +17,38 @@ pub fn write(scene: &Scene, path: &Path) -> Result<(), CliError> {
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
-    match extension.as_deref() {
-        Some("svg") => draw::svg(scene, path),
-        Some("png") => draw::png(scene, path),
-        _ => Err(CliError::Usage(format!(
-            "--render {}: the file name must end in .svg or .png",
-            path.display()
-        ))),
+    let draw = match extension.as_deref() {
+        Some("svg") => draw::svg,
+        Some("png") => draw::png,
+        _ => {
+            return Err(CliError::Usage(format!(
+                "--render {}: the file name must end in .svg or .png",
+                path.display()
+            )));
+        }
+    };
+    create(path)?;
+    draw(scene, path)
+}
+
+/// Creates (or empties) the output file before anything is drawn, so that a path that cannot be written is bad
+/// input reported in one line naming it, rather than a drawing backend's error chain after the work is done.
+fn create(path: &Path) -> Result<(), CliError> {
+    let dir = path
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(CliError::Usage(format!(
+            "--render {}: the directory {} does not exist",
+            path.display(),
+            dir.display()
+        )));
     }
+    std::fs::File::create(path).map(drop).map_err(|e| {
+        CliError::Usage(format!(
+            "--render {}: cannot create the file: {e}",
+            path.display()
+        ))
+    })
 }
