@@ -14,7 +14,7 @@ use std::time::Instant;
 use hypercomm::candle::candle_core::{DType, Device, Tensor, Var};
 use hypercomm::candle::{GradSync, TensorGroup};
 use hypercomm::comm::bench::{Placement, rank_cpus};
-use hypercomm::comm::{BackendKind, CommOptions, Communicator};
+use hypercomm::comm::{CommOptions, Communicator};
 use hypercomm::store::{MemoryStore, Store};
 
 const RANKS: usize = 2;
@@ -41,8 +41,7 @@ fn rank(
             symmetric_bytes: window,
             ..CommOptions::named(name)
         };
-        let c = Communicator::world(BackendKind::Host, Arc::clone(&store), RANKS, me, options)
-            .expect("communicator");
+        let c = Communicator::world(Arc::clone(&store), RANKS, me, options).expect("communicator");
         GradSync::new(TensorGroup::from_communicator(Arc::new(c)))
     };
     let staged = comm("grad-sync-vectors", 0);

@@ -1,8 +1,9 @@
-//! One process group, two backends: a collective on host memory runs on the host communicator, one on GPU
-//! memory on NCCL (PyTorch's `cpu:gloo,cuda:nccl`). Two ranks run as threads of this process.
+//! One communicator, host vectors and device buffers alike: the same `all_reduce` call runs on the host flavor
+//! for a `Vec<f32>` and on NCCL for a `DeviceBuffer<f32>` (PyTorch's `cpu:gloo,cuda:nccl`, without a wrapper type).
+//! Two ranks run as threads of this process.
 //!
-//! On a machine without a GPU (or without NCCL) the device half is left out and the example says why; the host
-//! half runs everywhere.
+//! On a machine without a GPU (or without NCCL) the communicator has no NCCL flavor and the example says why; the
+//! host half runs everywhere.
 //!
 //! ```sh
 //! cargo run --example device_routing
@@ -11,8 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypercomm::comm::device::{DeviceRuntime, Gpu, Placed, ProcessGroup, bench::placement};
-use hypercomm::comm::{CommError, CommOptions, NcclOptions, ReduceOp};
+use hypercomm::comm::device::{DeviceRuntime, Gpu, bench::placement};
+use hypercomm::comm::{CommError, CommOptions, Communicator, NcclOptions, ReduceOp};
 use hypercomm::store::MemoryStore;
 
 const RANKS: usize = 2;
@@ -41,34 +42,25 @@ fn rank_main(
 ) -> Result<String, CommError> {
     let options = CommOptions {
         timeout: Duration::from_secs(30),
-        // An NCCL knob: the host half drops it, the device half applies it (or refuses it by name).
+        // An NCCL knob: the NCCL flavor applies it (or refuses it by name); without a GPU it is refused, so it is set
+        // only with one.
         nccl: NcclOptions {
-            max_ctas: Some(4),
+            max_ctas: gpu.as_ref().map(|_| 4),
             ..NcclOptions::default()
         },
         ..CommOptions::named("tp")
     };
-    let group = ProcessGroup::connect(gpu.clone(), store, (0..RANKS).collect(), me, options)?;
+    let group = Communicator::connect(gpu.clone(), store, (0..RANKS).collect(), me, options)?;
     let mut report = Vec::new();
 
     let host = vec![me as f32 + 1.0; 4];
-    let Placed::Host(sum) = group
-        .all_reduce(Placed::Host(host), ReduceOp::Sum)?
-        .synchronize()?
-    else {
-        unreachable!("a host buffer comes back on the host");
-    };
+    let sum = group.all_reduce(host, ReduceOp::Sum)?.wait()?;
     assert_eq!(sum, vec![3.0; 4], "1 + 2 on every element");
     report.push(format!("host all_reduce {sum:?}"));
 
     if let Some(gpu) = gpu {
         let device = gpu.upload(&[me as f32 + 1.0; 4])?;
-        let Placed::Device(device) = group
-            .all_reduce(Placed::Device(device), ReduceOp::Sum)?
-            .synchronize()?
-        else {
-            unreachable!("a device buffer comes back on the device");
-        };
+        let device = group.all_reduce(device, ReduceOp::Sum)?.wait()?;
         let sum = device.download()?;
         assert_eq!(sum, vec![3.0; 4]);
         report.push(format!("device {} all_reduce {sum:?}", gpu.ordinal()));

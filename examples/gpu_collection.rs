@@ -1,5 +1,5 @@
-//! A process-group collection with a GPU: every group of a `tp 2, dp 2` layout gets an NCCL communicator beside
-//! its host one, with the all-gather twin of `dp_cp` as a separate NCCL communicator. Four ranks run as threads
+//! A process-group collection with a GPU: every group of a `tp 2, dp 2` layout gets a communicator with an NCCL
+//! flavor beside its host one, with the all-gather twin of `dp_cp` as a separate NCCL communicator. Four ranks run as threads
 //! of this process; each checks an all-reduce on every group it belongs to, on the GPU, and one on the host.
 //!
 //! Without a GPU (or where four ranks cannot be placed: four GPUs, or NCCL 2.30+ with
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hypercomm::comm::ReduceOp;
-use hypercomm::comm::device::{DeviceRuntime, Gpu, Placed, bench::placement};
+use hypercomm::comm::device::{DeviceRuntime, Gpu, bench::placement};
 use hypercomm::grid::layout::LayoutConfig;
 use hypercomm::pgc::{GroupOptions, ProcessGroupCollection};
 use hypercomm::store::{MemoryStore, Store};
@@ -60,23 +60,26 @@ fn rank_main(rank: usize, store: Arc<dyn Store>, gpu: Option<Arc<Gpu>>) -> Resul
     for id in pgc.groups().cloned().collect::<Vec<_>>() {
         let Ok(m) = pgc.membership(&id) else { continue };
         let members = m.members.clone();
-        let group = pgc.process_group(&id).map_err(|e| e.to_string())?;
+        let group = pgc.get(&id).map_err(|e| e.to_string())?;
         let want: f32 = members.iter().map(|&r| r as f32).sum();
-        // On the GPU when there is one (NCCL), on the host otherwise: the process group routes by location.
-        let buf = match &gpu {
-            Some(gpu) => Placed::Device(gpu.upload(&[rank as f32; 4]).map_err(|e| e.to_string())?),
-            None => Placed::Host(vec![rank as f32; 4]),
-        };
-        let (sum, place) = match group
-            .all_reduce(buf, ReduceOp::Sum)
-            .and_then(|w| w.synchronize())
-            .map_err(|e| e.to_string())?
-        {
-            Placed::Host(v) => (v, "host".to_owned()),
-            Placed::Device(b) => (
-                b.download().map_err(|e| e.to_string())?,
-                format!("gpu{}", b.device()),
-            ),
+        // The same call on a device buffer (NCCL) when there is a GPU, on a host vector otherwise.
+        let (sum, place) = match &gpu {
+            Some(gpu) => {
+                let buf = gpu.upload(&[rank as f32; 4]).map_err(|e| e.to_string())?;
+                let out = group
+                    .all_reduce(buf, ReduceOp::Sum)
+                    .and_then(|w| w.wait())
+                    .map_err(|e| e.to_string())?;
+                let place = format!("gpu{}", out.device());
+                (out.download().map_err(|e| e.to_string())?, place)
+            }
+            None => {
+                let out = group
+                    .all_reduce(vec![rank as f32; 4], ReduceOp::Sum)
+                    .and_then(|w| w.wait())
+                    .map_err(|e| e.to_string())?;
+                (out, "host".to_owned())
+            }
         };
         if sum != [want; 4] {
             return Err(format!(

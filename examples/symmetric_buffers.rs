@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hypercomm::comm::{BackendKind, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{CommOptions, Communicator, ReduceOp};
 use hypercomm::store::MemoryStore;
 
 const PARAMS: usize = 4 << 20;
@@ -86,7 +86,7 @@ fn rank(store: Arc<MemoryStore>, me: usize) -> Result<(Vec<f32>, Duration, Durat
             symmetric_bytes: 2 * PARAMS * size_of::<f32>(),
             ..CommOptions::named("optimizer")
         };
-        let comm = Communicator::world(BackendKind::Host, store, 2, me, options)?;
+        let comm = Communicator::world(store, 2, me, options)?;
         let (mut sym, mut ord) = (vec![1.0f32; PARAMS], vec![1.0f32; PARAMS]);
         let (mut sym_times, mut ord_times) = (Vec::new(), Vec::new());
         for _ in 0..STEPS {

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{CommError, CommOptions, Communicator, ReduceOp};
 use hypercomm::grid::layout::{GroupKind, LayoutConfig};
 use hypercomm::grid::{Grid, parse_dims};
 use hypercomm::pgc::{GroupOptions, ShrunkLayout};
@@ -99,7 +99,7 @@ proptest! {
         root in 1usize..1000, len in 0usize..50, other in 0usize..50, scratch in 0usize..64,
     ) {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let comm = Communicator::world(BackendKind::Host, Arc::clone(&store), 1, 0,
+        let comm = Communicator::world(Arc::clone(&store), 1, 0,
             CommOptions { timeout: Duration::from_secs(10), ..CommOptions::named("bad") }).unwrap();
         let invalid = |r: Result<(), CommError>| matches!(r, Err(CommError::InvalidArgument { .. }));
         prop_assert!(invalid(comm.broadcast(vec![0u8; len], root).map(|_| ())));
@@ -113,10 +113,10 @@ proptest! {
         prop_assert!(invalid(comm.shrink(&[root]).map(|_| ())));
         prop_assert!(invalid(comm.shrink(&[0]).map(|_| ())));
         let opts = CommOptions { scratch_bytes: Some(scratch), ..CommOptions::named("tiny") };
-        prop_assert!(Communicator::world(BackendKind::Host, Arc::clone(&store), 1, 0, opts).is_err());
-        prop_assert!(Communicator::new(BackendKind::Host, Arc::clone(&store), vec![0, 0], 0,
+        prop_assert!(Communicator::world(Arc::clone(&store), 1, 0, opts).is_err());
+        prop_assert!(Communicator::new(Arc::clone(&store), vec![0, 0], 0,
             CommOptions::named("dup")).is_err());
-        prop_assert!(Communicator::new(BackendKind::Host, Arc::clone(&store), vec![1, 2], 0,
+        prop_assert!(Communicator::new(Arc::clone(&store), vec![1, 2], 0,
             CommOptions::named("absent")).is_err());
         let sum = comm.all_reduce(vec![len as i64; 3], ReduceOp::Sum).unwrap().wait().unwrap();
         prop_assert_eq!(sum, vec![len as i64; 3]);
@@ -158,7 +158,7 @@ fn junk_to_rank0(name: &str, greet: bool, junk: &[u8]) -> Result<Vec<i32>, CommE
     let rank0 = {
         let store = Arc::clone(&store);
         std::thread::spawn(move || {
-            let comm = Communicator::world(BackendKind::Host, store, 2, 0, options)?;
+            let comm = Communicator::world(store, 2, 0, options)?;
             comm.all_reduce(vec![1i32; 100], ReduceOp::Sum)?.wait()
         })
     };

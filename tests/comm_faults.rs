@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use comm_support::*;
 use hypercomm::comm::{
-    BackendKind, CommError, CommOptions, Communicator, NcclOptions, ReduceOp, Step, StepHook,
+    CommError, CommOptions, Communicator, NcclOptions, ReduceOp, Step, StepHook,
 };
 use hypercomm::store::MemoryStore;
 
@@ -188,7 +188,7 @@ fn unsupported_options_are_rejected_by_name() {
         },
         ..CommOptions::named("knobs")
     };
-    match Communicator::world(BackendKind::Host, store, 1, 0, opts) {
+    match Communicator::world(store, 1, 0, opts) {
         Err(CommError::UnsupportedOption {
             backend: "host",
             option: "cga_cluster_size",

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use comm_support::checks::*;
-use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{CommError, CommOptions, Communicator, ReduceOp};
 use hypercomm::store::{ClientOptions, ServerOptions, TcpStore, TcpStoreServer};
 
 fn var(name: &str) -> String {
@@ -35,14 +35,7 @@ fn rank_process() {
         symmetric_bytes: if role == "symmetric" { 4 << 20 } else { 0 },
         ..CommOptions::named(role.clone())
     };
-    let comm = Communicator::world(
-        BackendKind::Host,
-        std::sync::Arc::new(store),
-        size,
-        rank,
-        options,
-    )
-    .unwrap();
+    let comm = Communicator::world(std::sync::Arc::new(store), size, rank, options).unwrap();
     assert_eq!(comm.transport(), if tcp { "tcp" } else { "shm" });
     match role.as_str() {
         "collectives" => {

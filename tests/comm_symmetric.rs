@@ -371,7 +371,6 @@ fn bad_requests_are_errors_that_say_what_is_wrong() {
             .unwrap_err()
             .to_string();
         let plain = Communicator::world(
-            hypercomm::comm::BackendKind::Host,
             std::sync::Arc::new(hypercomm::store::MemoryStore::new()),
             1,
             0,
@@ -381,7 +380,6 @@ fn bad_requests_are_errors_that_say_what_is_wrong() {
         let none = plain.symmetric_buffer(4, 0u8).unwrap_err().to_string();
         let theirs = comm.symmetric_buffer(4, 0u8).unwrap();
         let other = Communicator::world(
-            hypercomm::comm::BackendKind::Host,
             std::sync::Arc::new(hypercomm::store::MemoryStore::new()),
             1,
             0,
@@ -410,7 +408,6 @@ fn bad_requests_are_errors_that_say_what_is_wrong() {
 fn a_window_too_large_to_address_is_an_error_not_a_panic() {
     for tcp in [false, true] {
         let err = Communicator::world(
-            hypercomm::comm::BackendKind::Host,
             std::sync::Arc::new(hypercomm::store::MemoryStore::new()),
             1,
             0,
@@ -436,8 +433,7 @@ fn ranks_that_ask_for_different_windows_are_told_at_creation() {
                     symmetric_bytes: if me == 0 { 1 << 20 } else { 2 << 20 },
                     ..options("sym-sizes", false)
                 };
-                Communicator::world(hypercomm::comm::BackendKind::Host, store, 2, me, options)
-                    .map(|_| ())
+                Communicator::world(store, 2, me, options).map(|_| ())
             })
         })
         .collect();

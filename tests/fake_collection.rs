@@ -1,16 +1,18 @@
 //! Process-group collections with a GPU, under `fake-gpu` (the stand-in CUDA driver and NCCL; see
-//! `crates/hypercomm-comm/tests/fake_support`): every group of a full Megatron layout gets an NCCL communicator
-//! beside its host one, store-keyed and by split, with per-kind options reaching `ncclConfig_t`, twins that
+//! `crates/hypercomm-comm/tests/fake_support`): every group of a full Megatron layout gets a communicator with an
+//! NCCL flavor beside its host one, store-keyed and by split, with per-kind options reaching `ncclConfig_t`, twins that
 //! overlap, and nothing left behind on drop. Ranks are threads of a child process, one fake device each.
 
+#[path = "../crates/hypercomm-comm/tests/device_checks/mod.rs"]
+mod device_checks;
 #[path = "../crates/hypercomm-comm/tests/fake_support/mod.rs"]
 mod fake_support;
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use hypercomm_comm::device::{Gpu, ProcessGroup};
-use hypercomm_comm::{CommError, CommOptions, ReduceOp};
+use hypercomm_comm::device::{DeviceCommunicator, Gpu};
+use hypercomm_comm::{CommError, CommOptions, Communicator, ReduceOp};
 use hypercomm_grid::layout::{LayoutConfig, ParallelLayout};
 
 use process_group_collection::{
@@ -49,23 +51,37 @@ fn builder(gpu: Arc<Gpu>) -> CollectionBuilder {
         .with_gpu(gpu)
 }
 
-/// For every group this rank is in: the NCCL communicator has the layout's members, its own stream, and an
-/// all-reduce of the global rank sums over exactly those members. Returns how many groups were checked.
+/// The NCCL flavor of `group`'s communicator.
+fn nccl<'a>(pgc: &'a ProcessGroupCollection, group: &GroupId) -> &'a DeviceCommunicator {
+    pgc.get(group)
+        .unwrap()
+        .nccl()
+        .expect("a collection built with a gpu")
+}
+
+/// For every group this rank is in: the NCCL flavor has the layout's members and its own stream, and an
+/// all-reduce of a device buffer sums the global ranks over exactly those members. Returns how many groups were checked.
 fn check_every_group(pgc: &ProcessGroupCollection, rank: usize) -> usize {
     let gpu = pgc.gpu().expect("built with a gpu");
     let mut streams = Vec::new();
     let mut checked = 0;
     for id in pgc.groups().cloned().collect::<Vec<_>>() {
         let Ok(m) = pgc.membership(&id) else { continue };
-        let device = pgc.device(&id).unwrap();
+        let device = nccl(pgc, &id);
         assert_eq!(device.ranks(), m.members, "{id}");
         assert_eq!(device.rank(), m.index, "{id}");
-        assert_eq!(pgc.get(&id).unwrap().ranks(), m.members, "{id}: host half");
+        assert_eq!(
+            pgc.get(&id).unwrap().ranks(),
+            m.members,
+            "{id}: host flavor"
+        );
         streams.push(device.stream().cu_stream() as usize);
-        let buf = device
+        let buf = pgc
+            .get(&id)
+            .unwrap()
             .all_reduce(gpu.upload(&[rank as u64, 1]).unwrap(), ReduceOp::Sum)
             .unwrap()
-            .synchronize()
+            .wait()
             .unwrap();
         let sum: usize = m.members.iter().sum();
         assert_eq!(
@@ -86,41 +102,15 @@ fn check_every_group(pgc: &ProcessGroupCollection, rank: usize) -> usize {
 }
 
 /// An all-gather on `dp_cp_ag` and a reduce-scatter on `dp_cp` at once, in opposite orders on alternating ranks
-/// (on one communicator this would deadlock).
-fn overlap_twins(pgc: &ProcessGroupCollection, rank: usize) {
-    let gpu = pgc.gpu().unwrap();
-    let (dp, ag) = (
-        pgc.device(&GroupId::kind("dp_cp")).unwrap(),
-        pgc.device(&GroupId::kind("dp_cp_ag")).unwrap(),
+/// (on one communicator this would deadlock): the check the device tests run on twins, on the collection's.
+fn overlap_twins(pgc: &ProcessGroupCollection) {
+    device_checks::twins_overlap_in_opposite_orders(
+        pgc.gpu().unwrap(),
+        pgc.get(&GroupId::kind("dp_cp_ag")).unwrap(),
+        pgc.get(&GroupId::kind("dp_cp")).unwrap(),
+        3,
+        2,
     );
-    let n = dp.size();
-    let gather = || {
-        ag.all_gather_into(
-            gpu.upload(&[rank as i32; 3]).unwrap(),
-            gpu.alloc_zeros(3 * n).unwrap(),
-        )
-        .unwrap()
-    };
-    let scatter = || {
-        dp.reduce_scatter_into(
-            gpu.upload(&vec![1.0f32; 2 * n]).unwrap(),
-            gpu.alloc_zeros(2).unwrap(),
-            ReduceOp::Sum,
-        )
-        .unwrap()
-    };
-    let (g, s) = if dp.rank() % 2 == 0 {
-        let g = gather();
-        (g, scatter())
-    } else {
-        let s = scatter();
-        (gather(), s)
-    };
-    let (_, gathered) = g.synchronize().unwrap();
-    let (_, reduced) = s.synchronize().unwrap();
-    let want: Vec<i32> = ag.ranks().iter().flat_map(|&r| [r as i32; 3]).collect();
-    assert_eq!(gathered.download().unwrap(), want);
-    assert_eq!(reduced.download().unwrap(), [n as f32; 2]);
 }
 
 /// The fake's exchange directories left: one per NCCL communicator some rank has not destroyed yet.
@@ -156,7 +146,7 @@ fn suite_device_collections() {
         "{log}"
     );
     pass_under_fake(
-        "fake_collection_split_from_a_world_process_group",
+        "fake_collection_split_from_a_world_communicator",
         &[DEVICES],
     );
     pass_under_fake("fake_a_missing_rank_is_named_with_its_group", &[DEVICES]);
@@ -213,11 +203,11 @@ fn my_groups(pgc: &ProcessGroupCollection) -> Vec<GroupId> {
 /// One device all-reduce on tp, which both ranks join: the NCCL communicators are alive.
 fn device_sum_on_tp(pgc: &ProcessGroupCollection) {
     let gpu = pgc.gpu().unwrap();
-    let tp = pgc.device(&GroupId::kind("tp")).unwrap();
+    let tp = pgc.get(&GroupId::kind("tp")).unwrap();
     let sum = tp
         .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
         .unwrap()
-        .synchronize()
+        .wait()
         .unwrap();
     assert_eq!(sum.download().unwrap(), [2]);
 }
@@ -230,9 +220,8 @@ fn fake_a_host_failure_aborts_the_ranks_nccl_communicators() {
         let pgc = pair("hostfail", gpu, rank, store, Duration::from_secs(10));
         device_sum_on_tp(&pgc);
         if rank == 1 {
-            // Rank 1 gives up on its host tp communicator (and its NCCL one, so nothing waits on it).
+            // Rank 1 gives up on its tp communicator: both flavors, so nothing waits on either.
             pgc.get(&tp).unwrap().abort();
-            pgc.device(&tp).unwrap().abort();
             return;
         }
         let e = pgc
@@ -247,14 +236,15 @@ fn fake_a_host_failure_aborts_the_ranks_nccl_communicators() {
         let groups = my_groups(&pgc);
         assert!(groups.len() > 1, "{groups:?}");
         for id in groups {
-            let device = pgc.device(&id).unwrap();
             assert!(
-                device.broken().is_some(),
+                nccl(&pgc, &id).broken().is_some(),
                 "{id}: nccl communicator still alive"
             );
-            let e = device
+            let e = pgc
+                .get(&id)
+                .unwrap()
                 .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
-                .and_then(|w| w.synchronize())
+                .and_then(|w| w.wait())
                 .expect_err("an aborted nccl communicator");
             assert!(matches!(e, CommError::Broken { .. }), "{id}: {e}");
         }
@@ -281,10 +271,10 @@ fn fake_an_nccl_failure_aborts_the_ranks_host_communicators() {
         }
         let gpu = pgc.gpu().unwrap();
         let e = pgc
-            .device(&tp)
+            .get(&tp)
             .unwrap()
             .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
-            .and_then(|w| w.synchronize())
+            .and_then(|w| w.wait())
             .expect_err("the third nccl operation fails");
         assert!(e.to_string().contains("ncclRemoteError"), "{e}");
         // The NCCL failure is rank 0's root cause, and every host communicator of the rank was aborted.
@@ -318,18 +308,12 @@ fn fake_store_keyed_collection_with_a_gpu() {
     let checked = ranks(WORLD, |rank, gpu, store| {
         let pgc = builder(gpu).build(rank, store).unwrap();
         let checked = check_every_group(&pgc, rank);
-        overlap_twins(&pgc, rank);
-        // A process group routes host buffers to the host half.
-        let pg: &ProcessGroup = pgc.process_group(&GroupId::kind("tp")).unwrap();
-        let host = pg
-            .all_reduce(
-                hypercomm_comm::device::Placed::Host(vec![1u32]),
-                ReduceOp::Sum,
-            )
-            .unwrap()
-            .synchronize()
-            .unwrap();
-        assert!(matches!(host, hypercomm_comm::device::Placed::Host(v) if v == [2]));
+        overlap_twins(&pgc);
+        // The same communicator runs host vectors on its host flavor: the same call, a host result.
+        let tp: &Communicator = pgc.tp().unwrap();
+        let work = tp.all_reduce(vec![1u32], ReduceOp::Sum).unwrap();
+        assert!(!work.is_device());
+        assert_eq!(work.wait().unwrap(), [2]);
         checked
     });
     assert!(checked.iter().all(|&c| c >= 20), "{checked:?}");
@@ -339,10 +323,25 @@ fn fake_store_keyed_collection_with_a_gpu() {
 
 #[test]
 #[ignore = "run under fake-gpu by suite_device_collections"]
-fn fake_collection_split_from_a_world_process_group() {
+fn fake_collection_split_from_a_world_communicator() {
     ranks(WORLD, |rank, gpu, store| {
-        let world = ProcessGroup::connect(
-            Some(Arc::clone(&gpu)),
+        let host_world = Communicator::new(
+            Arc::clone(&store),
+            (0..WORLD).collect(),
+            rank,
+            CommOptions {
+                timeout: Duration::from_secs(30),
+                ..CommOptions::named("host-world")
+            },
+        )
+        .unwrap();
+        // A collection with a gpu cannot split a parent without one: refused with the way out.
+        let e = builder(Arc::clone(&gpu))
+            .build_by_split(&host_world)
+            .unwrap_err();
+        assert!(e.to_string().contains("with_gpu"), "{e}");
+        let world = Communicator::with_gpu(
+            Arc::clone(&gpu),
             Arc::clone(&store),
             (0..WORLD).collect(),
             rank,
@@ -352,14 +351,9 @@ fn fake_collection_split_from_a_world_process_group() {
             },
         )
         .unwrap();
-        // A host-only split of a collection that has a gpu is refused with the way out.
-        let e = builder(Arc::clone(&gpu))
-            .build_by_split(world.host())
-            .unwrap_err();
-        assert!(e.to_string().contains("build_by_split_group"), "{e}");
-        let pgc = builder(gpu).build_by_split_group(&world).unwrap();
+        let pgc = builder(gpu).build_by_split(&world).unwrap();
         check_every_group(&pgc, rank);
-        overlap_twins(&pgc, rank);
+        overlap_twins(&pgc);
     });
     assert_eq!(live_nccl_communicators(), 0);
 }
@@ -435,10 +429,10 @@ fn fake_an_nccl_timeout_aborts_the_ranks_host_communicators() {
             // Rank 1 never joins: rank 0's NCCL all-reduce times out, which aborts it.
             let gpu = pgc.gpu().unwrap();
             let e = pgc
-                .device(&tp)
+                .get(&tp)
                 .unwrap()
                 .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
-                .and_then(|w| w.synchronize())
+                .and_then(|w| w.wait())
                 .expect_err("rank 1 never joins");
             assert!(matches!(e, CommError::Timeout { .. }), "{e}");
             let cause = pgc.get(&tp).unwrap().failure_domain().root_cause();

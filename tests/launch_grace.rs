@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hypercomm::comm::{BackendKind, CommOptions, Communicator};
+use hypercomm::comm::{CommOptions, Communicator};
 use hypercomm::launch::{DEFAULT_COMM_TIMEOUT, Exit, LaunchReport, Launcher};
 use hypercomm::store::{Rendezvous, Store, TcpStore};
 
@@ -41,7 +41,7 @@ fn grace_rank() {
         ..CommOptions::named("grace")
     };
     let start = Instant::now();
-    match Communicator::world(BackendKind::Host, store, rdv.world_size, rdv.rank, options) {
+    match Communicator::world(store, rdv.world_size, rdv.rank, options) {
         Ok(_) => panic!(
             "the communicator was made without rank {}",
             rdv.world_size - 1

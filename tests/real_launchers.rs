@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{CommError, CommOptions, Communicator, ReduceOp};
 use hypercomm::store::{EnvSource, Key, Rendezvous, Store};
 use launcher_support::slurm::{SlurmCluster, SlurmPrograms, srun_command};
 use launcher_support::{Run, Scratch, free_port, mpirun_command, open_mpi, run_bounded, skip};
@@ -33,8 +33,7 @@ const PROBE_DIR_ENV: &str = "HC_LAUNCHER_PROBE_DIR";
 
 // ---- the rank program --------------------------------------------------------------------------------------------
 
-/// The one place this file builds a communicator: a host communicator over ranks `0..world`, as member `me`. (Once
-/// `BackendKind` is gone from the communicator API, the call loses its first argument and nothing else changes.)
+/// The one place this file builds a communicator: a host communicator over ranks `0..world`, as member `me`.
 fn host_communicator(
     store: Arc<dyn Store>,
     world: usize,
@@ -44,7 +43,7 @@ fn host_communicator(
         timeout: RANK_TIMEOUT,
         ..CommOptions::named("launcher-probe")
     };
-    Communicator::new(BackendKind::Host, store, (0..world).collect(), me, options)
+    Communicator::new(store, (0..world).collect(), me, options)
 }
 
 /// What a launcher calls rank, world size, local rank and local world size, read by this test on its own (not

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{CommError, CommOptions, Communicator, ReduceOp};
 use hypercomm::grid::layout::{LayoutConfig, ParallelLayout};
 use hypercomm::launch::{Exit, Launcher};
 use hypercomm::pgc::{ProcessGroupCollection, ShrunkLayout};
@@ -73,8 +73,7 @@ fn shrink_rank() {
         failure_domain: Some(Arc::clone(pgc.tp().unwrap().failure_domain())),
         ..CommOptions::named("world")
     };
-    let world =
-        Communicator::world(BackendKind::Host, Arc::clone(&store), WORLD, me, options).unwrap();
+    let world = Communicator::world(Arc::clone(&store), WORLD, me, options).unwrap();
     let mut iter = 0;
     let mut failure = None;
     while iter < ITERS {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use comm_support::{TestElem, assert_close, expected, values};
-use hypercomm::comm::{BackendKind, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{CommOptions, Communicator, ReduceOp};
 use hypercomm::grid::layout::LayoutConfig;
 use hypercomm::pgc::ProcessGroupCollection;
 use hypercomm::store::{MemoryStore, Store};
@@ -196,22 +196,10 @@ fn rank(me: usize, store: Arc<dyn Store>, deadline: Instant) -> Counts {
         symmetric_bytes: 64 << 20,
         ..CommOptions::named(name)
     };
-    let shm = Communicator::world(
-        BackendKind::Host,
-        Arc::clone(&store),
-        RANKS,
-        me,
-        options("soak-shm", false),
-    )
-    .unwrap();
-    let tcp = Communicator::world(
-        BackendKind::Host,
-        Arc::clone(&store),
-        RANKS,
-        me,
-        options("soak-tcp", true),
-    )
-    .unwrap();
+    let shm =
+        Communicator::world(Arc::clone(&store), RANKS, me, options("soak-shm", false)).unwrap();
+    let tcp =
+        Communicator::world(Arc::clone(&store), RANKS, me, options("soak-tcp", true)).unwrap();
     let half = shm.split(Some((me % 2) as u32), 0).unwrap().unwrap();
     let pgc =
         ProcessGroupCollection::for_layout("soak", LayoutConfig::new(RANKS).tp(2).build().unwrap())

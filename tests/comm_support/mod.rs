@@ -6,7 +6,7 @@ pub mod checks;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypercomm::comm::{BackendKind, CommOptions, Communicator, DType, Element, ReduceOp};
+use hypercomm::comm::{CommOptions, Communicator, DType, Element, ReduceOp};
 use hypercomm::store::MemoryStore;
 
 /// Runs `body` on `n` ranks, each a thread with its own communicator over one shared `MemoryStore`; returns the
@@ -24,8 +24,7 @@ pub fn on_threads<R: Send + 'static>(
             let body = Arc::clone(&body);
             let options = options.clone();
             std::thread::spawn(move || {
-                let comm = Communicator::world(BackendKind::Host, store, n, me, options)
-                    .expect("bootstrap");
+                let comm = Communicator::world(store, n, me, options).expect("bootstrap");
                 body(comm)
             })
         })

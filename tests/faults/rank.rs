@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hypercomm::comm::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{CommError, CommOptions, Communicator, ReduceOp};
 use hypercomm::grid::layout::LayoutConfig;
 use hypercomm::pgc::{BuildStep, CollectionError, GroupId, ProcessGroupCollection};
 use hypercomm::store::{ClientOptions, Key, Rendezvous, Secret, Store, StoreError, TcpStore};
@@ -127,15 +127,7 @@ fn fault_rank() {
         Err(e) if case == "wrong_secret" && me == victim => seen("FAULTY", start, Err::<(), _>(e)),
         Err(e) => panic!("rank {me} cannot reach the store: {e}"),
     };
-    let world = |size: usize| {
-        Communicator::world(
-            BackendKind::Host,
-            Arc::clone(&store),
-            size,
-            me,
-            options.clone(),
-        )
-    };
+    let world = |size: usize| Communicator::world(Arc::clone(&store), size, me, options.clone());
     let small = |comm: &Communicator| {
         comm.all_reduce(vec![1.0f32; 16], ReduceOp::Sum)
             .and_then(|w| w.wait())
@@ -145,7 +137,7 @@ fn fault_rank() {
             if me == victim {
                 let (boot_store, boot_options) = (Arc::clone(&store), options.clone());
                 let boot = std::thread::spawn(move || {
-                    Communicator::world(BackendKind::Host, boot_store, n, me, boot_options)
+                    Communicator::world(boot_store, n, me, boot_options)
                 });
                 // Die once some rank has arrived (the bootstrap's `arrivals` counter exists): the others have started
                 // meeting, and this rank may or may not have been counted yet.
@@ -187,7 +179,7 @@ fn fault_rank() {
             let start = Instant::now();
             let result = builder.build(me, Arc::clone(&store)).and_then(|pgc| {
                 // Should the victim die after the build completed (the `built` step), the world notices.
-                let world = pgc.world()?.host();
+                let world = pgc.world()?;
                 world
                     .barrier()
                     .and_then(|w| w.wait())

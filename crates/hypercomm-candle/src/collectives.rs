@@ -4,7 +4,7 @@
 //! candle tensors are immutable, so every collective returns its result as a new tensor (on the input's device,
 //! with the input's dtype) instead of writing into the input. A non-contiguous input (a transposed or narrowed
 //! view) is read through its layout, so the result is always contiguous and never drops a stride. CPU tensors
-//! go through the group's host communicator, CUDA tensors (feature `cuda`) through its NCCL communicator,
+//! go through the group's communicator as host vectors, CUDA tensors (feature `cuda`) as device buffers,
 //! stream-ordered on candle's stream; a tensor of another device, or of a dtype the communicator lacks (i16, the
 //! f8/f6/f4 formats), is an [`Error`](crate::Error) naming it.
 
@@ -12,6 +12,7 @@ use candle_core::{Device, Shape, Tensor};
 use hypercomm_comm::ReduceOp;
 
 use crate::host::{HostBuf, Pending};
+use crate::kind::Kind;
 use crate::{Error, Result, TensorGroup};
 
 /// The pending result of an asynchronous collective on a tensor; [`TensorWork::wait`] gives the result tensor.
@@ -52,33 +53,6 @@ impl TensorWork {
 /// Whether `t` goes through the group's NCCL communicator: a CUDA tensor in a build with feature `cuda`.
 pub(crate) fn on_device(t: &Tensor) -> bool {
     cfg!(feature = "cuda") && t.device().is_cuda()
-}
-
-/// Which collective a device collective runs, on a flat input of `n` elements (read only by the `cuda`
-/// feature's device path).
-#[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) enum Kind {
-    /// In place: `n` elements out.
-    AllReduce(ReduceOp),
-    /// In place from group rank `root`: `n` elements out.
-    Broadcast(usize),
-    /// `n * size` elements out, rank blocks in order.
-    AllGather,
-    /// The input holds `size` blocks; `n / size` elements out.
-    ReduceScatter(ReduceOp),
-}
-
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-impl Kind {
-    pub(crate) fn op(self) -> &'static str {
-        match self {
-            Kind::AllReduce(_) => "all_reduce",
-            Kind::Broadcast(_) => "broadcast",
-            Kind::AllGather => "all_gather",
-            Kind::ReduceScatter(_) => "reduce_scatter",
-        }
-    }
 }
 
 impl TensorGroup {

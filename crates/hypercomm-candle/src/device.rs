@@ -1,5 +1,5 @@
-//! CUDA tensors on NCCL (feature `cuda`): the collectives of a [`TensorGroup`] for tensors on a CUDA device,
-//! through the group's NCCL communicator in a collection built with a GPU.
+//! CUDA tensors on NCCL (feature `cuda`): the collectives of a [`TensorGroup`] for tensors on a CUDA device, as
+//! device buffers on the group's communicator (which has a GPU in a collection built `with_gpu`).
 //!
 //! Each collective is a candle custom op, the public way to turn device memory into a tensor. Its CUDA forward
 //! copies the (contiguous) input from candle's storage into a hypercomm device buffer on candle's stream, runs
@@ -19,10 +19,9 @@ use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::{CpuStorage, CustomOp1, DType, DeviceLocation, Layout, Shape, Tensor};
 use half::{bf16, f16};
-use hypercomm_comm::device::DeviceCommunicator;
-use hypercomm_comm::{CommError, Element};
+use hypercomm_comm::{CommError, Communicator, Element};
 
-use crate::collectives::Kind;
+use crate::kind::Kind;
 use crate::{Error, Result, TensorGroup};
 
 /// The collective as a custom op with a CUDA forward only (no gradient: the callers that need one, the
@@ -145,10 +144,9 @@ impl Run<'_> {
     where
         T: Element + CudaDType + DeviceRepr + ValidAsZeroBits,
     {
-        let comm = self.group.device_comm()?;
+        let comm = self.group.comm()?;
         let dev: &CudaDevice = storage.device();
-        check_same_device(self.group, comm, self.kind.op(), dev)?;
-        let gpu = comm.gpu();
+        let gpu = check_same_device(self.group, comm, self.kind.op(), dev)?;
         let stream = dev.cuda_stream();
         let n = end - start;
         let src = storage.as_cuda_slice::<T>()?.slice(start..end);
@@ -158,16 +156,16 @@ impl Run<'_> {
             .map_err(|e| self.comm_error(e))?;
         let size = comm.size();
         let result = match self.kind {
-            Kind::AllReduce(op) => comm.all_reduce(input, op).and_then(|w| w.wait(&stream)),
-            Kind::Broadcast(root) => comm.broadcast(input, root).and_then(|w| w.wait(&stream)),
+            Kind::AllReduce(op) => comm.all_reduce(input, op).and_then(|w| w.wait_on(&stream)),
+            Kind::Broadcast(root) => comm.broadcast(input, root).and_then(|w| w.wait_on(&stream)),
             Kind::AllGather => gpu.alloc_zeros::<T>(n * size).and_then(|out| {
                 comm.all_gather_into(input, out)
-                    .and_then(|w| w.wait(&stream))
+                    .and_then(|w| w.wait_on(&stream))
                     .map(|(_, out)| out)
             }),
             Kind::ReduceScatter(op) => gpu.alloc_zeros::<T>(n / size).and_then(|out| {
                 comm.reduce_scatter_into(input, out, op)
-                    .and_then(|w| w.wait(&stream))
+                    .and_then(|w| w.wait_on(&stream))
                     .map(|(_, out)| out)
             }),
         }
@@ -180,13 +178,21 @@ impl Run<'_> {
     }
 }
 
-/// The tensor's device must be the communicator's GPU.
-fn check_same_device(
+/// The tensor's device must be the communicator's GPU; returns that GPU.
+fn check_same_device<'c>(
     group: &TensorGroup,
-    comm: &DeviceCommunicator,
+    comm: &'c Communicator,
     op: &'static str,
     dev: &CudaDevice,
-) -> Result<()> {
+) -> Result<&'c std::sync::Arc<hypercomm_comm::device::Gpu>> {
+    let Some(gpu) = comm.gpu() else {
+        return Err(Error::UnsupportedDevice {
+            op,
+            group: group.name().to_owned(),
+            device: "a cuda device".into(),
+            why: "the group's communicator has no gpu; build its collection with_gpu".into(),
+        });
+    };
     let DeviceLocation::Cuda { gpu_id } = candle_core::backend::BackendDevice::location(dev) else {
         return Err(Error::UnsupportedDevice {
             op,
@@ -195,16 +201,13 @@ fn check_same_device(
             why: "the device collective serves cuda tensors".into(),
         });
     };
-    if gpu_id != comm.gpu().ordinal() {
+    if gpu_id != gpu.ordinal() {
         return Err(Error::UnsupportedDevice {
             op,
             group: group.name().to_owned(),
             device: format!("cuda:{gpu_id}"),
-            why: format!(
-                "the group's nccl communicator is on cuda:{}",
-                comm.gpu().ordinal()
-            ),
+            why: format!("the group's communicator is on cuda:{}", gpu.ordinal()),
         });
     }
-    Ok(())
+    Ok(gpu)
 }

@@ -62,26 +62,12 @@ impl TensorGroup {
         }
     }
 
-    /// The communicator tensors go through.
+    /// The communicator tensors go through: CPU tensors as host vectors, CUDA tensors as device buffers when it
+    /// has a GPU (a collection built `with_gpu`).
     pub fn comm(&self) -> Result<&Communicator> {
         match &self.source {
             Source::Collection { collection, id } => Ok(collection.get(id)?),
             Source::Communicator(comm) => Ok(comm),
-        }
-    }
-
-    /// The group's NCCL communicator, for CUDA tensors: present when the collection was built with a GPU
-    /// (`CollectionBuilder::with_gpu`); a standalone host communicator has none.
-    pub fn device_comm(&self) -> Result<&hypercomm_comm::device::DeviceCommunicator> {
-        match &self.source {
-            Source::Collection { collection, id } => Ok(collection.device(id)?),
-            Source::Communicator(_) => Err(crate::Error::UnsupportedDevice {
-                op: "device collective",
-                group: self.name.clone(),
-                device: "a cuda device".into(),
-                why: "the group is a standalone host communicator; build a collection with a gpu"
-                    .into(),
-            }),
         }
     }
 

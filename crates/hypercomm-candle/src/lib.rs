@@ -19,7 +19,7 @@
 //! use std::sync::Arc;
 //! use candle_core::{Device, Tensor};
 //! use hypercomm_candle::{ReduceOp, TensorGroup};
-//! use hypercomm_comm::{BackendKind, CommOptions, Communicator};
+//! use hypercomm_comm::{CommOptions, Communicator};
 //! use hypercomm_store::MemoryStore;
 //!
 //! // Two ranks as two threads sharing a store; a collection's groups work the same way.
@@ -28,7 +28,7 @@
 //!     .map(|me| {
 //!         let store = Arc::clone(&store);
 //!         std::thread::spawn(move || -> Result<Vec<f32>, Box<dyn std::error::Error + Send + Sync>> {
-//!             let comm = Communicator::new(BackendKind::Host, store, vec![0, 1], me, CommOptions::named("doc"))?;
+//!             let comm = Communicator::new(store, vec![0, 1], me, CommOptions::named("doc"))?;
 //!             let group = TensorGroup::from_communicator(Arc::new(comm));
 //!             let t = Tensor::new(&[1f32, 2.0], &Device::Cpu)?.affine(me as f64 + 1.0, 0.0)?;
 //!             Ok(group.all_reduce(&t, ReduceOp::Sum)?.to_vec1()?)
@@ -40,7 +40,7 @@
 //! }
 //! ```
 //!
-//! CUDA tensors go through the group's NCCL communicator (a collection built with a GPU) with the feature `cuda`,
+//! CUDA tensors go through the group's communicator as device buffers (a collection built with a GPU) with the feature `cuda`,
 //! stream-ordered on candle's stream with no trip through host memory. The feature builds candle's CUDA backend,
 //! which needs `nvcc` at build time, so it is never a default; without it a CUDA tensor is an error saying so.
 
@@ -52,6 +52,7 @@ mod device;
 mod error;
 mod group;
 mod host;
+mod kind;
 mod symmetric;
 pub mod tp;
 

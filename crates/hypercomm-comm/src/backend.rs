@@ -1,13 +1,15 @@
-//! The internal interface every backend implements: collectives over byte views plus an element type.
+//! The host flavor's interface: collectives over byte views plus an element type, and [`execute`], which runs an
+//! [`Op`] on it.
 //!
-//! [`Communicator`](crate::Communicator) validates lengths, roots and peers, converts typed buffers to bytes and
-//! calls these methods on its progress thread, one at a time in issue order. A backend may therefore assume
-//! well-formed local arguments; it must still detect ranks that disagree with each other.
+//! [`Communicator`](crate::Communicator) validates lengths, roots and peers ([`Op::check`]), converts typed
+//! buffers to bytes and runs [`execute`] on its progress thread, one operation at a time in issue order. A backend
+//! may therefore assume well-formed local arguments; it must still detect ranks that disagree with each other.
 
 use std::sync::Arc;
 
 use crate::CommError;
 use crate::element::{DType, ReduceOp};
+use crate::op::Op;
 use crate::symmetric::Windows;
 
 /// Where a collective reads and writes.
@@ -95,4 +97,55 @@ pub(crate) trait Backend: Send {
     fn sever(&mut self, peer: usize) -> Result<(), CommError>;
     /// The transport in use, for diagnostics (`"shm"`, `"tcp"`).
     fn transport_name(&self) -> &'static str;
+}
+
+/// Runs `op` (checked by the face) on `backend` over `io`: the host flavor's executor.
+pub(crate) fn execute(
+    backend: &mut dyn Backend,
+    op: &Op,
+    io: Io<'_>,
+    dtype: DType,
+) -> Result<(), CommError> {
+    match (op, io) {
+        (Op::AllReduce(op), io) => backend.all_reduce(io, dtype, *op),
+        (Op::Broadcast { root }, io) => backend.broadcast(io, dtype, *root),
+        (Op::Reduce { op, root }, io) => backend.reduce(io, dtype, *op, *root),
+        (Op::AllGather, io) => backend.all_gather(io, dtype),
+        (Op::ReduceScatter(op), io) => backend.reduce_scatter(io, dtype, *op),
+        (Op::AllToAll, io) => backend.all_to_all(io, dtype),
+        (Op::Send { peer, tag }, io) => {
+            let data = match io {
+                Io::InPlace(b) => &*b,
+                Io::OutOfPlace(i, _) => i,
+            };
+            backend.send(data, dtype, *peer, *tag)
+        }
+        (Op::Recv { peer, tag }, io) => {
+            let data = match io {
+                Io::InPlace(b) => b,
+                Io::OutOfPlace(_, o) => o,
+            };
+            backend.recv(data, dtype, *peer, *tag)
+        }
+        (
+            Op::AllToAllV {
+                send_counts,
+                recv_counts,
+            },
+            Io::OutOfPlace(input, output),
+        ) => backend.all_to_all_v(input, send_counts, output, recv_counts, dtype),
+        (Op::Gather { root }, Io::OutOfPlace(input, output)) => {
+            backend.gather(input, output, dtype, *root)
+        }
+        (Op::Scatter { root }, Io::OutOfPlace(input, output)) => {
+            backend.scatter(input, output, dtype, *root)
+        }
+        // The face's checks refuse these in place; reaching here is a bug, reported rather than run.
+        (op @ (Op::AllToAllV { .. } | Op::Gather { .. } | Op::Scatter { .. }), Io::InPlace(_)) => {
+            Err(CommError::InvalidArgument {
+                comm: String::new(),
+                what: format!("{} needs separate input and output buffers", op.name()),
+            })
+        }
+    }
 }

@@ -70,7 +70,7 @@ use std::time::{Duration, Instant};
 use hypercomm_store::MemoryStore;
 
 use crate::host_buffer::PageAdvice;
-use crate::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
+use crate::{CommError, CommOptions, Communicator, ReduceOp};
 
 /// A benchmarked collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,8 +314,7 @@ pub fn run(
                     if let Some(cpu) = cpu {
                         bind_to(cpu, &config.options.name, me)?;
                     }
-                    let comm =
-                        Communicator::world(BackendKind::Host, store, n, me, options.clone())?;
+                    let comm = Communicator::world(store, n, me, options.clone())?;
                     run_rank(config, &comm, &|r| {
                         if me == 0 {
                             progress(r);

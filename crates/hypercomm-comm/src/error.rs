@@ -17,7 +17,9 @@ use hypercomm_store::StoreError;
 #[non_exhaustive]
 pub enum CommError {
     /// An option was set that the chosen backend does not implement. Options are never dropped silently.
-    #[error("backend {backend} does not support option {option}; leave it unset")]
+    #[error(
+        "backend {backend} does not support option {option}; leave it unset (an nccl knob needs a communicator with a gpu)"
+    )]
     UnsupportedOption {
         /// The backend that rejected it.
         backend: &'static str,

@@ -38,7 +38,6 @@ use std::time::{Duration, Instant};
 use hypercomm_store::{Key, Store};
 
 use crate::CommError;
-use crate::communicator::Shared;
 use crate::error::{Call, Fault, RootCause};
 
 /// How long a failing rank waits for its failure record to reach the store before going on anyway.
@@ -86,12 +85,6 @@ pub(crate) trait Member: Send + Sync {
     /// Breaks the member with `cause` and stops its work, unless it is broken already. Never reports back to the
     /// domain (the domain calls this while settling another member's failure).
     fn abort_with(&self, cause: &str);
-}
-
-impl Member for Shared {
-    fn abort_with(&self, cause: &str) {
-        Shared::abort_with(self, cause);
-    }
 }
 
 impl std::fmt::Debug for FailureDomain {

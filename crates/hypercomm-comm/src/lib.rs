@@ -1,12 +1,16 @@
-//! Communicators for hypercomm: one [`Communicator`] face, backends behind it.
+//! Communicators for hypercomm: one [`Communicator`] face, flavors behind it.
 //!
 //! 1. Pick element types: anything implementing the sealed [`Element`] trait (`f32`, `f64`, `half::f16`,
 //!    `half::bf16`, `i8`, `u8`, `i32`, `i64`, `u32`, `u64`), and a [`ReduceOp`] for reducing collectives.
-//! 2. Create a communicator collectively with [`Communicator::new`]: a [`BackendKind`], a shared
-//!    [`Store`](hypercomm_store::Store), the member list, this rank's id and [`CommOptions`]. Options a backend
-//!    cannot honour are rejected by name, never dropped.
-//! 3. Issue collectives. Each takes its buffers by value and returns a [`Work`] handle whose
-//!    [`wait`](Work::wait) gives them back; several may be in flight and they complete in issue order.
+//! 2. Create a communicator collectively with [`Communicator::new`] (host memory only) or
+//!    [`Communicator::with_gpu`] (host memory and one GPU's): a shared [`Store`](hypercomm_store::Store), the
+//!    member list, this rank's id and [`CommOptions`]. Options a flavor cannot honour are rejected by name, never
+//!    dropped.
+//! 3. Issue operations. Each takes its buffers by value, a host `Vec<T>` or a
+//!    [`DeviceBuffer<T>`](device::DeviceBuffer) (any [`Buffer`]), runs on the flavor the buffer's type names, and
+//!    returns a [`Work`] handle that gives the same buffers back: [`Work::wait`] blocks until done,
+//!    [`Work::wait_on`] orders a CUDA stream after a device operation instead. Several may be in flight; on one
+//!    flavor they complete in issue order.
 //! 4. On failure, a dead or stalled rank makes every other rank's operations fail within the timeout with an error
 //!    naming the communicator, its members and the missing ranks, all as member ids (the ids passed to
 //!    [`Communicator::new`]); the communicator is then broken and [`Communicator::abort`] releases it. Ranks stopped
@@ -14,14 +18,16 @@
 //!    recorded ([`CommError::lost_ranks`], [`CommError::root_cause`]); communicators that share a
 //!    [`FailureDomain`] record one root cause per rank and abort together.
 //!
-//! The host backend runs on CPU memory: shared memory on one machine, TCP across machines. See `backends/host`.
-//! Buffers allocated with [`Communicator::symmetric_buffer`] live in memory every rank on the host has mapped, and
-//! the collectives over them read the peers' buffers in place (see [`symmetric`]).
-//! The NCCL backend runs on GPU memory; its face is [`device`], and [`device::ProcessGroup`] routes each
-//! collective to the host or the device communicator by where its buffer lives.
+//! The flavors: the host one runs on CPU memory, shared memory on one machine and TCP across machines (see
+//! `backends/host`); buffers allocated with [`Communicator::symmetric_buffer`] live in memory every rank on the
+//! host has mapped, and the collectives over them read the peers' buffers in place (see [`symmetric`]). The NCCL
+//! one runs on GPU memory (see [`device`] for probing, GPUs and device buffers); [`Communicator::nccl`] reaches it
+//! for what only NCCL has. Every operation is described once (an internal `Op`), checked once on the face, and
+//! executed by each flavor.
 
 mod backend;
 mod backends;
+mod buffer;
 // Measuring code shared by the `hypercomm bench` command and `benches/`, not part of the library's face: public so
 // those two can reach it, hidden from the docs so users do not build on it.
 #[doc(hidden)]
@@ -33,7 +39,9 @@ mod element;
 mod error;
 mod failure;
 pub mod host_buffer;
+mod host_work;
 mod nccl_options;
+mod op;
 mod options;
 mod reduce;
 mod shrink;
@@ -42,12 +50,14 @@ mod strided;
 pub mod symmetric;
 mod work;
 
-pub use communicator::{Communicator, InOut, Splits};
+pub use buffer::{Buffer, Location};
+pub use communicator::splits::Splits;
+pub use communicator::{Communicator, InOut};
 pub use element::{DType, Element, ReduceOp, as_bytes, as_bytes_mut};
 pub use error::{Call, CommError, Fault, RootCause};
 pub use failure::FailureDomain;
 pub use nccl_options::NcclOptions;
-pub use options::{Algorithm, BackendKind, CommOptions};
+pub use options::{Algorithm, CommOptions};
 pub use steps::{Step, StepHook};
 pub use symmetric::SymmetricBuffer;
 pub use work::Work;

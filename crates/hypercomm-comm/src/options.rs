@@ -5,24 +5,6 @@ use std::time::Duration;
 
 use crate::{CommError, FailureDomain, NcclOptions, StepHook};
 
-/// Which backend runs a communicator's collectives. Named once, at construction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum BackendKind {
-    /// CPU memory: shared memory between ranks on one machine, TCP between machines.
-    #[default]
-    Host,
-}
-
-impl BackendKind {
-    /// The backend's name in messages (`"host"`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            BackendKind::Host => "host",
-        }
-    }
-}
-
 /// Which host algorithm family runs a collective. `Auto` picks by message size and rank count; the others force a
 /// path (for tests at the threshold and for benchmarks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -117,7 +99,7 @@ impl CommOptions {
         self.nccl.set()
     }
 
-    /// These options with every NCCL knob unset: what the host half of a process group gets.
+    /// These options with every NCCL knob unset: what the host flavor of a communicator with a GPU gets.
     #[must_use]
     pub fn without_nccl_knobs(&self) -> CommOptions {
         CommOptions {
@@ -126,7 +108,7 @@ impl CommOptions {
         }
     }
 
-    /// These options for the device half of a process group: named `<name>/device`, with the host-only knobs
+    /// These options for the NCCL flavor of a communicator with a GPU: named `<name>/device`, with the host-only knobs
     /// (`force_tcp`, `algorithm`, `scratch_bytes`, `symmetric_bytes`) unset.
     ///
     /// ```
@@ -149,28 +131,25 @@ impl CommOptions {
         }
     }
 
-    /// Checks the options against what `backend` implements.
-    pub fn validate_for(&self, backend: BackendKind) -> Result<(), CommError> {
-        match backend {
-            BackendKind::Host => {
-                if let Some(option) = self.nccl_knobs_set().first() {
-                    return Err(CommError::UnsupportedOption {
-                        backend: backend.name(),
-                        option,
-                    });
-                }
-                if self.scratch_bytes.is_some_and(|b| b < 64) {
-                    return Err(CommError::InvalidArgument {
-                        comm: self.name.clone(),
-                        what: format!(
-                            "scratch_bytes={:?} is below the minimum of 64",
-                            self.scratch_bytes
-                        ),
-                    });
-                }
-                Ok(())
-            }
+    /// Checks the options against what the host flavor implements: it honours no NCCL knob (a communicator
+    /// with a GPU hands them to its NCCL flavor; see [`for_device`](Self::for_device)).
+    pub(crate) fn validate_host(&self) -> Result<(), CommError> {
+        if let Some(option) = self.nccl_knobs_set().first() {
+            return Err(CommError::UnsupportedOption {
+                backend: "host",
+                option,
+            });
         }
+        if self.scratch_bytes.is_some_and(|b| b < 64) {
+            return Err(CommError::InvalidArgument {
+                comm: self.name.clone(),
+                what: format!(
+                    "scratch_bytes={:?} is below the minimum of 64",
+                    self.scratch_bytes
+                ),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -197,7 +176,7 @@ mod tests {
         assert_eq!(all.nccl_knobs_set().len(), 8);
         let host = all.without_nccl_knobs();
         assert!(host.nccl_knobs_set().is_empty());
-        assert!(host.validate_for(BackendKind::Host).is_ok());
+        assert!(host.validate_host().is_ok());
         assert_eq!((host.name.as_str(), host.force_tcp), ("k", true));
     }
 
@@ -286,7 +265,7 @@ mod tests {
             ),
         ];
         for (name, opts) in cases {
-            match opts.validate_for(BackendKind::Host) {
+            match opts.validate_host() {
                 Err(CommError::UnsupportedOption {
                     backend: "host",
                     option,
@@ -294,10 +273,6 @@ mod tests {
                 other => panic!("{name}: expected rejection, got {other:?}"),
             }
         }
-        assert!(
-            CommOptions::default()
-                .validate_for(BackendKind::Host)
-                .is_ok()
-        );
+        assert!(CommOptions::default().validate_host().is_ok());
     }
 }

@@ -8,17 +8,17 @@
 //! and compare them, so ranks that disagree about who is gone all get [`CommError::Mismatch`] instead of
 //! bootstrapping different member sets; then they bootstrap the child like any new communicator.
 //!
-//! The device backend has its own [`DeviceCommunicator::shrink`](crate::device::DeviceCommunicator::shrink):
-//! `ncclCommShrink` with `NCCL_SHRINK_ABORT` when asked to abort the parent's pending work first (after a
-//! failure) and `NCCL_SHRINK_DEFAULT` otherwise, the child wrapped like a split child. It has no store, so the
-//! survivors' exclusion lists are not compared there; NCCL requires them to be equal.
+//! With a GPU, the child gets a new NCCL communicator over the survivors, its unique id exchanged through the
+//! store after the exclusion lists agree, as any new communicator's. It does not call `ncclCommShrink` on the
+//! parent's NCCL communicator: after a failure that one is aborted (so its handle is gone), and a fresh one works
+//! with every NCCL version.
 
 use std::sync::Arc;
 
 use hypercomm_store::{Key, StoreError};
 
+use crate::communicator::DeviceSource;
 use crate::error::Call;
-use crate::options::BackendKind;
 use crate::{CommError, CommOptions, Communicator};
 
 impl Communicator {
@@ -32,7 +32,7 @@ impl Communicator {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use hypercomm_comm::{BackendKind, CommOptions, Communicator, ReduceOp};
+    /// use hypercomm_comm::{CommOptions, Communicator, ReduceOp};
     /// use hypercomm_store::MemoryStore;
     ///
     /// // Three ranks as threads; rank 2 leaves, ranks 0 and 1 carry on without it.
@@ -41,7 +41,7 @@ impl Communicator {
     ///     .map(|me| {
     ///         let store = Arc::clone(&store);
     ///         std::thread::spawn(move || {
-    ///             let comm = Communicator::world(BackendKind::Host, store, 3, me, CommOptions::named("w"))?;
+    ///             let comm = Communicator::world(store, 3, me, CommOptions::named("w"))?;
     ///             if me == 2 {
     ///                 return Ok(());
     ///             }
@@ -72,23 +72,15 @@ impl Communicator {
         let name = format!("{}/shrink{id}", self.name());
         let excluded = crate::checks::exclusions(self.name(), self.size(), self.rank(), exclude)?;
         let options = CommOptions { name, ..options };
-        options.validate_for(self.backend())?;
+        Communicator::check_options(self.gpu().map(|g| &**g), &options)?;
         let survivors: Vec<usize> = (0..self.size())
             .filter(|r| excluded.binary_search(r).is_err())
             .collect();
         self.agree_on_exclusions(&options, &excluded, &survivors)?;
         let ids: Vec<usize> = survivors.iter().map(|&r| self.ranks()[r]).collect();
         let me = self.ranks()[self.rank()];
-        match self.backend() {
-            // The NCCL backend calls ncclCommShrink here instead (see the module docs).
-            BackendKind::Host => Communicator::new(
-                BackendKind::Host,
-                Arc::clone(self.store()),
-                ids,
-                me,
-                options,
-            ),
-        }
+        let device = self.gpu().map(|gpu| DeviceSource::Fresh(Arc::clone(gpu)));
+        Communicator::create(Arc::clone(self.store()), ids, me, options, device)
     }
 
     /// Publishes this rank's exclusion list and checks that every survivor passed the same one.
@@ -162,7 +154,7 @@ mod tests {
 
     use hypercomm_store::{MemoryStore, Store};
 
-    use crate::{BackendKind, CommError, CommOptions, Communicator, ReduceOp};
+    use crate::{CommError, CommOptions, Communicator, ReduceOp};
 
     fn options(name: &str, tcp: bool) -> CommOptions {
         CommOptions {
@@ -183,9 +175,7 @@ mod tests {
         let handles: Vec<_> = (0..n)
             .map(|me| {
                 let (store, options, f) = (Arc::clone(&store), options.clone(), Arc::clone(&f));
-                std::thread::spawn(move || {
-                    f(Communicator::world(BackendKind::Host, store, n, me, options).unwrap())
-                })
+                std::thread::spawn(move || f(Communicator::world(store, n, me, options).unwrap()))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()

@@ -179,7 +179,7 @@ impl fmt::Display for Step<'_> {
 ///
 /// ```
 /// use std::sync::{Arc, Mutex};
-/// use hypercomm_comm::{BackendKind, CommOptions, Communicator, Step, StepHook};
+/// use hypercomm_comm::{CommOptions, Communicator, Step, StepHook};
 /// use hypercomm_store::MemoryStore;
 ///
 /// let seen = Arc::new(Mutex::new(Vec::new()));
@@ -192,7 +192,7 @@ impl fmt::Display for Step<'_> {
 ///     ..CommOptions::named("solo")
 /// };
 /// let store = Arc::new(MemoryStore::new());
-/// let comm = Communicator::world(BackendKind::Host, store, 1, 0, options)?;
+/// let comm = Communicator::world(store, 1, 0, options)?;
 /// assert_eq!(
 ///     *seen.lock().unwrap(),
 ///     // Alone, rank 0 shares its segment with nobody: it neither listens nor publishes a record.

@@ -220,7 +220,7 @@ impl Windows {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use hypercomm_comm::{BackendKind, CommOptions, Communicator, ReduceOp};
+/// use hypercomm_comm::{CommOptions, Communicator, ReduceOp};
 /// use hypercomm_store::MemoryStore;
 ///
 /// let store = Arc::new(MemoryStore::new());
@@ -229,7 +229,7 @@ impl Windows {
 ///         let store = Arc::clone(&store);
 ///         std::thread::spawn(move || {
 ///             let options = CommOptions { symmetric_bytes: 1 << 20, ..CommOptions::named("sym-doc") };
-///             let comm = Communicator::new(BackendKind::Host, store, vec![0, 1], me, options)?;
+///             let comm = Communicator::new(store, vec![0, 1], me, options)?;
 ///             let mut grads = comm.symmetric_buffer(1000, 0.0f32)?;
 ///             grads.fill(me as f32 + 1.0);
 ///             let grads = comm.all_reduce_symmetric(grads, ReduceOp::Sum)?.wait()?;

@@ -1,195 +1,104 @@
-//! [`Work`]: the handle of an operation queued on a communicator (run by its progress thread, or by the thread that
-//! waits on it when it is next).
+//! [`Work`]: the handle of one operation, whichever flavor runs it.
 //!
-//! Why ownership: an asynchronous collective reads and writes its buffers after the call returns, so the caller
-//! must not touch them until it completes. The simplest design that the compiler checks without `unsafe` is to
-//! move the buffers into the operation and hand them back from [`Work::wait`]. There is no way to reach a buffer
-//! that is still in use, and dropping a handle early is harmless (the operation finishes and frees its buffers).
+//! Why ownership: an asynchronous operation reads and writes its buffers after the call returns, so the caller
+//! must not touch them until it completes. The simplest design the compiler checks without `unsafe` is to move the
+//! buffers into the operation and hand them back from the handle. There is no way to reach a buffer that is still
+//! in use, and dropping a handle early is harmless (the operation finishes and frees its buffers).
+//!
+//! Two ways to take the buffers back:
+//! - [`Work::wait`] blocks the calling thread until the operation has completed. Host buffers come back filled;
+//!   device buffers come back after the device has finished the operation. Bounded by the communicator's timeout.
+//! - [`Work::wait_on`] makes a CUDA stream wait for the operation instead, without blocking the CPU: work the caller
+//!   enqueues on that stream afterwards sees the result. For a host operation, which has no stream, it is
+//!   [`Work::wait`].
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use cudarc::driver::CudaStream;
 
 use crate::CommError;
+use crate::backends::nccl::communicator::DeviceWork;
+use crate::host_work::HostWork;
 
-struct Slot<R> {
-    result: Mutex<Option<Result<R, CommError>>>,
-    done: Condvar,
-}
-
-impl<R> Slot<R> {
-    fn lock(&self) -> MutexGuard<'_, Option<Result<R, CommError>>> {
-        // Critical sections only move an Option in or out; a poisoned lock still holds a consistent value.
-        self.result.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// The pending result of an operation: the buffers it borrowed, or the error that stopped it.
+/// The pending result of an operation: the buffers it took, or the error that stopped it.
 ///
-/// Operations on one communicator complete in the order they were issued.
-#[must_use = "an operation's buffers come back only through wait()"]
+/// Operations on one communicator and one flavor complete in the order they were issued.
+#[must_use = "an operation's buffers come back only through wait() or wait_on()"]
 pub struct Work<R> {
-    slot: Arc<Slot<R>>,
-    /// Where the operation is queued, and its id there: [`Work::wait`] runs it on the waiting thread when it is
-    /// next and nothing else runs.
-    queued: Option<(Arc<dyn RunInline>, u64)>,
+    flavor: Flavor<R>,
 }
 
-/// A queue that can run one of its jobs on the calling thread (a communicator's lane).
-pub(crate) trait RunInline: Send + Sync {
-    /// Runs job `id` here, to completion, if it is the next job and the queue's engine is free; says whether it
-    /// ran. When it did not, the queue's own thread is woken to run it.
-    fn run_if_next(&self, id: u64) -> bool;
-    /// Wakes the queue's own thread to run what is queued (someone is polling or gave up a handle).
-    fn nudge(&self);
+enum Flavor<R> {
+    Host(HostWork<R>),
+    Device(DeviceWork<R>),
 }
 
-/// The progress thread's side of a [`Work`]. Dropping it without completing reports a broken communicator, so a
-/// waiter never hangs on an operation that will not run.
-pub(crate) struct Completer<R> {
-    slot: Option<Arc<Slot<R>>>,
-    comm: String,
-}
-
-/// A new handle and the completer that fulfils it.
-pub(crate) fn pair<R>(comm: &str) -> (Work<R>, Completer<R>) {
-    let slot = Arc::new(Slot {
-        result: Mutex::new(None),
-        done: Condvar::new(),
-    });
-    (
+impl<R> From<HostWork<R>> for Work<R> {
+    fn from(work: HostWork<R>) -> Self {
         Work {
-            slot: Arc::clone(&slot),
-            queued: None,
-        },
-        Completer {
-            slot: Some(slot),
-            comm: comm.to_owned(),
-        },
-    )
-}
-
-impl<R> Completer<R> {
-    pub(crate) fn complete(mut self, result: Result<R, CommError>) {
-        if let Some(slot) = self.slot.take() {
-            *slot.lock() = Some(result);
-            slot.done.notify_all();
+            flavor: Flavor::Host(work),
         }
     }
 }
 
-impl<R> Drop for Completer<R> {
-    fn drop(&mut self) {
-        if let Some(slot) = self.slot.take() {
-            *slot.lock() = Some(Err(CommError::Broken {
-                comm: self.comm.clone(),
-                cause: "the operation was dropped before it ran (progress thread stopped)".into(),
-            }));
-            slot.done.notify_all();
+impl<R> From<DeviceWork<R>> for Work<R> {
+    fn from(work: DeviceWork<R>) -> Self {
+        Work {
+            flavor: Flavor::Device(work),
         }
     }
 }
 
 impl<R> Work<R> {
-    /// This handle's operation is job `id` of `queue`.
-    pub(crate) fn runs_inline(mut self, queue: Arc<dyn RunInline>, id: u64) -> Self {
-        self.queued = Some((queue, id));
-        self
+    /// Blocks until the operation completes and gives its buffers back, or its error. A host operation that has
+    /// not started and is its communicator's next runs here, on the calling thread. A device operation is polled
+    /// for NCCL's asynchronous errors meanwhile; past the communicator's timeout its communicator is aborted and
+    /// this fails.
+    pub fn wait(self) -> Result<R, CommError> {
+        match self.flavor {
+            Flavor::Host(w) => w.wait(),
+            Flavor::Device(w) => w.synchronize(),
+        }
     }
 
-    /// Blocks until the operation completes; returns its buffers or its error. The operation's own waits are
-    /// bounded by the communicator's timeout, so this returns within about that long after the operations issued
-    /// before it. When the operation has not started and is the communicator's next, it runs here, on the
-    /// calling thread, instead of on the progress thread.
-    pub fn wait(mut self) -> Result<R, CommError> {
-        // Taken out, so that dropping the handle at the end does not wake the queue's thread.
-        if let Some((queue, id)) = self.queued.take()
-            && self.slot.lock().is_none()
-        {
-            queue.run_if_next(id);
-        }
-        let mut guard = self.slot.lock();
-        loop {
-            if let Some(result) = guard.take() {
-                return result;
-            }
-            guard = self
-                .slot
-                .done
-                .wait(guard)
-                .unwrap_or_else(|p| p.into_inner());
+    /// Orders `stream` after the operation and gives its buffers back, without blocking the CPU on a device
+    /// operation (on the communicator's own stream this costs nothing). A host operation has no stream to order:
+    /// this waits for it, as [`wait`](Self::wait) does.
+    pub fn wait_on(self, stream: &CudaStream) -> Result<R, CommError> {
+        match self.flavor {
+            Flavor::Host(w) => w.wait(),
+            Flavor::Device(w) => w.wait(stream),
         }
     }
 
     /// Waits up to `timeout` for completion and says whether the operation has completed; the result stays in
-    /// the handle for [`Work::wait`].
+    /// the handle for [`wait`](Self::wait).
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
-        self.nudge();
-        let deadline = Instant::now() + timeout;
-        let mut guard = self.slot.lock();
-        while guard.is_none() {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            guard = self
-                .slot
-                .done
-                .wait_timeout(guard, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+        match &self.flavor {
+            Flavor::Host(w) => w.wait_timeout(timeout),
+            Flavor::Device(w) => w.wait_timeout(timeout),
         }
-        true
     }
 
     /// Whether the operation has completed (successfully or not). Never blocks.
     pub fn is_completed(&self) -> bool {
-        let done = self.slot.lock().is_some();
-        if !done {
-            self.nudge();
-        }
-        done
-    }
-
-    /// Has the queue's thread run this operation as soon as it can, where nobody will run it inline.
-    fn nudge(&self) {
-        if let Some((queue, _)) = &self.queued {
-            queue.nudge();
+        match &self.flavor {
+            Flavor::Host(w) => w.is_completed(),
+            Flavor::Device(w) => w.is_completed(),
         }
     }
-}
 
-impl<R> Drop for Work<R> {
-    fn drop(&mut self) {
-        // Dropped unwaited: nobody will run it inline.
-        if self.queued.is_some() && self.slot.lock().is_none() {
-            self.nudge();
-        }
+    /// Whether a device flavor runs the operation (its buffers live on a GPU).
+    pub fn is_device(&self) -> bool {
+        matches!(self.flavor, Flavor::Device(_))
     }
 }
 
 impl<R> std::fmt::Debug for Work<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Work")
+            .field("device", &self.is_device())
             .field("completed", &self.is_completed())
             .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn completes_once_and_reports_drops() {
-        let (work, done) = pair::<u32>("c");
-        assert!(!work.is_completed());
-        assert!(!work.wait_timeout(Duration::from_millis(1)));
-        done.complete(Ok(7));
-        assert!(work.is_completed());
-        assert_eq!(work.wait().unwrap(), 7);
-
-        let (work, done) = pair::<u32>("c");
-        drop(done);
-        assert!(matches!(work.wait(), Err(CommError::Broken { .. })));
     }
 }

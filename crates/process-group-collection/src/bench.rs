@@ -6,8 +6,8 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use hypercomm_comm::device::{Gpu, ProcessGroup};
-use hypercomm_comm::{BackendKind, CommOptions, Communicator};
+use hypercomm_comm::device::Gpu;
+use hypercomm_comm::{CommOptions, Communicator};
 use hypercomm_grid::layout::{LayoutConfig, ParallelLayout};
 use hypercomm_store::{MemoryStore, Store};
 
@@ -55,7 +55,7 @@ pub fn full_layout_8() -> ParallelLayout {
 /// Builds the collection of `layout` (all kinds, all-gather groups on) `repeats` times on every rank, with ranks as
 /// threads; returns every rank's build time of every repeat, and the number of groups each rank holds. With
 /// `gpus` (one per rank, in rank order), every group also gets an NCCL communicator, and the split strategy
-/// splits a world process group's NCCL communicator too.
+/// splits a world communicator's NCCL flavor too.
 pub fn time_builds(
     layout: &ParallelLayout,
     strategy: Strategy,
@@ -104,34 +104,21 @@ pub fn time_builds(
                                 collection: "bench".into(),
                                 what: format!("world communicator: {source}"),
                             };
-                            let world = match gpu {
-                                Some(gpu) => ProcessGroup::connect(
-                                    Some(gpu),
-                                    store,
-                                    layout.ranks().collect(),
-                                    rank,
-                                    CommOptions::named("world"),
-                                ),
-                                None => Communicator::new(
-                                    BackendKind::Host,
-                                    store,
-                                    layout.ranks().collect(),
-                                    rank,
-                                    CommOptions::named("world"),
-                                )
-                                .and_then(|host| ProcessGroup::new(host, None)),
-                            }
+                            let world = Communicator::connect(
+                                gpu,
+                                store,
+                                layout.ranks().collect(),
+                                rank,
+                                CommOptions::named("world"),
+                            )
                             .map_err(failed)?;
                             start.wait();
                             let t = Instant::now();
-                            let pgc = builder.build_by_split_group(&world)?;
+                            let pgc = builder.build_by_split(&world)?;
                             (t.elapsed(), pgc)
                         }
                     };
-                    let held = pgc
-                        .groups()
-                        .filter(|id| pgc.process_group(id).is_ok())
-                        .count();
+                    let held = pgc.groups().filter(|id| pgc.get(id).is_ok()).count();
                     Ok((elapsed, held))
                 })
             })
@@ -166,7 +153,6 @@ pub fn time_builds_as_rank(
         what: format!("{what}: {source}"),
     };
     let world = Communicator::new(
-        BackendKind::Host,
         Arc::clone(&store),
         layout.ranks().collect(),
         rank,

@@ -4,8 +4,8 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use hypercomm_comm::device::{DeviceCommunicator, Gpu, ProcessGroup};
-use hypercomm_comm::{BackendKind, CommOptions, Communicator, FailureDomain, StepHook};
+use hypercomm_comm::device::Gpu;
+use hypercomm_comm::{CommOptions, Communicator, FailureDomain, StepHook};
 use hypercomm_grid::layout::ParallelLayout;
 use hypercomm_grid::{DimSet, Grid};
 use hypercomm_store::{Key, Store};
@@ -40,8 +40,8 @@ pub struct CollectionBuilder {
 }
 
 impl CollectionBuilder {
-    /// Gives every group an NCCL communicator on `gpu` as well as its host one (each group's [`ProcessGroup`]
-    /// routes by where a buffer lives). Each kind's NCCL options from [`with_options`](Self::with_options) go to
+    /// Gives every group's communicator a GPU: an NCCL flavor on `gpu` besides its host one, so each group takes
+    /// device buffers as well as host vectors. Each kind's NCCL options from [`with_options`](Self::with_options) go to
     /// its `ncclConfig_t` and stream; all-gather twins and tagged communicators get NCCL communicators (and
     /// streams) of their own. Checked before anything is created: a knob the loaded NCCL cannot honour is an error
     /// naming the group and the knob.
@@ -211,25 +211,12 @@ impl CollectionBuilder {
             group: slot.id.clone(),
             source: Box::new(source),
         };
-        // With a GPU, the NCCL knobs go to the device half; without one, a knob would be lost: refused.
-        let host = match &self.gpu {
-            Some(_) => options.without_nccl_knobs(),
-            None => options.clone(),
-        };
-        host.validate_for(BackendKind::Host).map_err(comm_err)?;
-        let device = match &self.gpu {
-            Some(gpu) => {
-                let device = options.for_device();
-                gpu.check_options(&device).map_err(comm_err)?;
-                Some(device)
-            }
-            None => None,
-        };
+        // With a GPU, the NCCL knobs go to the NCCL flavor; without one, a knob would be lost: refused.
+        Communicator::check_options(self.gpu.as_deref(), &options).map_err(comm_err)?;
         Ok(Entry {
             id: slot.id,
             membership: slot.membership,
-            host,
-            device,
+            options,
             group: OnceLock::new(),
             init: Mutex::new(()),
         })
@@ -254,11 +241,8 @@ impl CollectionBuilder {
             rank,
         );
         for entry in &mut entries {
-            entry.host.failure_domain = Some(Arc::clone(&domain));
-            // The NCCL halves are members too: a failure of either half aborts every communicator of the rank.
-            if let Some(device) = &mut entry.device {
-                device.failure_domain = Some(Arc::clone(&domain));
-            }
+            // Both flavors of each communicator join it: a failure of either aborts every communicator of the rank.
+            entry.options.failure_domain = Some(Arc::clone(&domain));
         }
         let collection = ProcessGroupCollection {
             name: self.name,
@@ -283,51 +267,40 @@ impl CollectionBuilder {
 
     /// Builds the collection by splitting `parent`, one split per group slot (color: the group's index; ranks
     /// outside every group of a slot pass no color), with one all-gather on `parent` for every slot's color
-    /// ([`Communicator::split_many`]). Every member of `parent` must call this. The rank is
-    /// `parent`'s member id for this process. Host communicators only: with a GPU, split a process group with
-    /// [`build_by_split_group`](Self::build_by_split_group).
+    /// ([`Communicator::split_many`]). Every member of `parent` must call this. The rank is `parent`'s member id
+    /// for this process. When `parent` has a GPU, each child's NCCL flavor is split from the parent's
+    /// (`ncclCommSplit`, a kind's `split_share` option honoured); a builder given a GPU needs a parent with one.
     pub fn build_by_split(
         self,
         parent: &Communicator,
     ) -> Result<ProcessGroupCollection, CollectionError> {
-        if self.gpu.is_some() {
-            return Err(CollectionError::Invalid {
-                collection: self.name,
-                what: "a collection with a gpu splits a parent with a device half: use build_by_split_group"
-                    .into(),
-            });
-        }
-        self.split_from(parent, None)
-    }
-
-    /// Builds the collection by splitting both halves of `parent`: the host communicator as
-    /// [`build_by_split`](Self::build_by_split) does, and, when the builder has a GPU, the NCCL communicator with
-    /// `ncclCommSplit` (color: the group's index, no color for non-members; a kind's `split_share` option is
-    /// honoured). Every member of `parent` must call this.
-    pub fn build_by_split_group(
-        self,
-        parent: &ProcessGroup,
-    ) -> Result<ProcessGroupCollection, CollectionError> {
-        let device = match (&self.gpu, parent.device()) {
-            (Some(_), Some(d)) => Some(d),
-            (Some(_), None) => {
-                return Err(CollectionError::Invalid {
+        match (&self.gpu, parent.gpu()) {
+            (Some(gpu), Some(theirs)) if gpu.ordinal() != theirs.ordinal() => {
+                Err(CollectionError::Invalid {
                     collection: self.name,
                     what: format!(
-                        "the collection has a gpu but the parent process group {} has no device communicator",
-                        parent.host().name()
+                        "the collection's gpu is device {} but the parent communicator {} is on device {}",
+                        gpu.ordinal(),
+                        parent.name(),
+                        theirs.ordinal()
                     ),
-                });
+                })
             }
-            (None, _) => None,
-        };
-        self.split_from(parent.host(), device)
+            (Some(_), None) => Err(CollectionError::Invalid {
+                collection: self.name,
+                what: format!(
+                    "the collection has a gpu but the parent communicator {} has none: split a parent made \
+                     with_gpu",
+                    parent.name()
+                ),
+            }),
+            _ => self.split_from(parent),
+        }
     }
 
     fn split_from(
         mut self,
         parent: &Communicator,
-        parent_device: Option<&DeviceCommunicator>,
     ) -> Result<ProcessGroupCollection, CollectionError> {
         if self.creation == Creation::Lazy {
             return Err(CollectionError::Invalid {
@@ -337,13 +310,17 @@ impl CollectionBuilder {
             });
         }
         let rank = parent.ranks()[parent.rank()];
+        // The children have the parent's flavors: with a GPU there, the options are checked against it.
+        if self.gpu.is_none() {
+            self.gpu = parent.gpu().cloned();
+        }
         let mut entries = self.prepare(rank)?;
         // The children fail together with the parent: one failure domain, the parent's, records the root cause
         // and aborts every communicator of the collection on this rank (the store-keyed build makes one under the
         // collection's key instead).
         for entry in &mut entries {
             entry
-                .host
+                .options
                 .failure_domain
                 .get_or_insert_with(|| Arc::clone(parent.failure_domain()));
         }
@@ -380,9 +357,8 @@ impl CollectionBuilder {
                 Err(_) => None,
             };
             let key = entry.membership.as_ref().map_or(0, |m| m.index as i64);
-            splits.push((color, key, entry.host.clone()));
+            splits.push((color, key, entry.options.clone()));
         }
-        let colors: Vec<(Option<u32>, i64)> = splits.iter().map(|(c, k, _)| (*c, *k)).collect();
         // A failure of the all-gather is the first split's: the one a split-by-split build would have failed in
         // (without slots there is no all-gather to fail).
         let mut children = parent
@@ -394,7 +370,7 @@ impl CollectionBuilder {
                     .map_or_else(|| crate::GroupId::kind(""), |e| e.id.clone()),
                 source: Box::new(source),
             })?;
-        for (entry, (color, key)) in entries.iter().zip(colors) {
+        for entry in &entries {
             let comm_err = |source| CollectionError::Comm {
                 collection: self.name.clone(),
                 group: entry.id.clone(),
@@ -402,20 +378,6 @@ impl CollectionBuilder {
             };
             // As many children as entries: the iterator ends only after the last.
             let child = children.next().transpose().map_err(comm_err)?.flatten();
-            // The device child falls with its host half (in the host child's failure domain).
-            let device_child = match (parent_device, &entry.device) {
-                (Some(d), Some(options)) => d
-                    .split_with(
-                        color,
-                        key,
-                        CommOptions {
-                            failure_domain: child.as_ref().map(|c| Arc::clone(c.failure_domain())),
-                            ..options.clone()
-                        },
-                    )
-                    .map_err(comm_err)?,
-                _ => None,
-            };
             if let (Some(child), Ok(m)) = (child, &entry.membership) {
                 if child.ranks() != m.members.as_slice() {
                     return Err(CollectionError::Invalid {
@@ -428,14 +390,8 @@ impl CollectionBuilder {
                         ),
                     });
                 }
-                let device = match device_child {
-                    Some(d) => Some(d.with_members(m.members.clone(), rank).map_err(comm_err)?),
-                    None => None,
-                };
                 // Fresh OnceLock: set cannot fail.
-                let _ = entry
-                    .group
-                    .set(ProcessGroup::new(child, device).map_err(comm_err)?);
+                let _ = entry.group.set(child);
                 if let Some(hook) = &self.hook {
                     hook.call(&BuildStep::GroupCreated {
                         collection: &self.name,

@@ -1,13 +1,13 @@
 //! [`ProcessGroupCollection`]: one rank's communicators for every group it belongs to (built by
 //! [`CollectionBuilder`](crate::CollectionBuilder)).
 //!
-//! Each group is a [`ProcessGroup`]: a host communicator and, when the collection is given a GPU, an NCCL
-//! communicator over the same ranks, so a collective runs where its buffer lives.
+//! Each group is one [`Communicator`]: host vectors always, and device buffers too when the collection is given a
+//! GPU (its NCCL flavor over the same ranks).
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use hypercomm_comm::device::{DeviceCommunicator, Gpu, ProcessGroup};
-use hypercomm_comm::{BackendKind, CommOptions, Communicator};
+use hypercomm_comm::device::Gpu;
+use hypercomm_comm::{CommOptions, Communicator};
 use hypercomm_grid::Membership;
 use hypercomm_grid::layout::GroupKind;
 use hypercomm_store::{Key, PrefixStore, Store};
@@ -19,11 +19,9 @@ use crate::{CollectionError, GroupId};
 pub(crate) struct Entry {
     pub(crate) id: GroupId,
     pub(crate) membership: Result<Membership, &'static str>,
-    /// The host communicator's options (without NCCL knobs when there is a GPU).
-    pub(crate) host: CommOptions,
-    /// The NCCL communicator's options, when the collection has a GPU.
-    pub(crate) device: Option<CommOptions>,
-    pub(crate) group: OnceLock<ProcessGroup>,
+    /// The communicator's options, checked against the collection's GPU (or its absence) when the entry is made.
+    pub(crate) options: CommOptions,
+    pub(crate) group: OnceLock<Communicator>,
     /// Serialises lazy creation of `group`.
     pub(crate) init: Mutex<()>,
 }
@@ -108,26 +106,20 @@ impl ProcessGroupCollection {
             })
     }
 
-    /// The host communicator of `group`, created now if the collection is lazy and this is its first use.
+    /// The communicator of `group`, created now if the collection is lazy and this is its first use. It takes
+    /// host vectors and, when the collection has a GPU, device buffers.
     pub fn get(&self, group: &GroupId) -> Result<&Communicator, CollectionError> {
-        self.process_group(group).map(ProcessGroup::host)
-    }
-
-    /// The process group of `group`: its host communicator and, when the collection has a GPU, its NCCL
-    /// communicator; a collective on it runs where its buffer lives. Created now if the collection is lazy and
-    /// this is its first use.
-    pub fn process_group(&self, group: &GroupId) -> Result<&ProcessGroup, CollectionError> {
         self.membership(group)?;
         let entry = self.entry(group)?;
-        if let Some(pg) = entry.group.get() {
-            return Ok(pg);
+        if let Some(comm) = entry.group.get() {
+            return Ok(comm);
         }
         self.create(entry)
     }
 
-    /// The process group of every rank of the layout; the collection must be built
+    /// The communicator of every rank of the layout; the collection must be built
     /// [`with_world_group(true)`](crate::CollectionBuilder::with_world_group).
-    pub fn world(&self) -> Result<&ProcessGroup, CollectionError> {
+    pub fn world(&self) -> Result<&Communicator, CollectionError> {
         let id = GroupId::kind(WORLD);
         if !self.entries.iter().any(|e| e.id == id) {
             return Err(CollectionError::Absent {
@@ -136,29 +128,18 @@ impl ProcessGroupCollection {
                 why: "world exists only when the collection is built with_world_group(true)".into(),
             });
         }
-        self.process_group(&id)
+        self.get(&id)
     }
 
-    /// Aborts every communicator of the collection that has been created (host halves tell their peers, NCCL
-    /// halves are `ncclCommAbort`ed): pending and later operations on any of them fail. For giving up on a job
+    /// Aborts every communicator of the collection that has been created (host flavors tell their peers, NCCL
+    /// flavors are `ncclCommAbort`ed): pending and later operations on any of them fail. For giving up on a job
     /// after a failure, so that no communicator of this rank keeps its peers waiting.
     pub fn abort(&self) {
         for entry in &self.entries {
-            if let Some(pg) = entry.group.get() {
-                pg.abort();
+            if let Some(comm) = entry.group.get() {
+                comm.abort();
             }
         }
-    }
-
-    /// The NCCL communicator of `group`; an error when the collection was built without a GPU.
-    pub fn device(&self, group: &GroupId) -> Result<&DeviceCommunicator, CollectionError> {
-        let pg = self.process_group(group)?;
-        pg.device().ok_or_else(|| CollectionError::Absent {
-            collection: self.name.clone(),
-            group: group.clone(),
-            why: "the collection was built without a gpu (with_gpu), so its groups have no nccl communicator"
-                .into(),
-        })
     }
 
     /// The GPU the collection's NCCL communicators run on, if it has one.
@@ -262,16 +243,16 @@ impl ProcessGroupCollection {
         )))
     }
 
-    /// Creates `entry`'s process group through the store (the host communicator, then the NCCL one when there is
-    /// a GPU), unless another thread already has. Every member creates the same groups in the same order, so
+    /// Creates `entry`'s communicator through the store (the host flavor, then the NCCL one when there is a GPU),
+    /// unless another thread already has. Every member creates the same groups in the same order, so
     /// waiting for a group's members cannot deadlock.
     pub(crate) fn create<'a>(
         &'a self,
         entry: &'a Entry,
-    ) -> Result<&'a ProcessGroup, CollectionError> {
+    ) -> Result<&'a Communicator, CollectionError> {
         let _guard = entry.init.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(pg) = entry.group.get() {
-            return Ok(pg);
+        if let Some(comm) = entry.group.get() {
+            return Ok(comm);
         }
         let comm_err = |source| CollectionError::Comm {
             collection: self.name.clone(),
@@ -294,31 +275,17 @@ impl ProcessGroupCollection {
             .push(m.group)
             .push(entry.id.tag.as_str());
         let scoped: Arc<dyn Store> = Arc::new(PrefixStore::new(prefix, Arc::clone(store)));
-        let host = Communicator::new(
-            BackendKind::Host,
-            Arc::clone(&scoped),
+        // The group's first member makes the NCCL unique id (with a GPU) and publishes it under the group's key;
+        // only members read it.
+        let comm = Communicator::connect(
+            self.gpu.clone(),
+            scoped,
             m.members.clone(),
             self.rank,
-            entry.host.clone(),
+            entry.options.clone(),
         )
         .map_err(comm_err)?;
-        // The group's first member makes the NCCL unique id and publishes it under the group's key; only members
-        // read it.
-        let device = match (&self.gpu, &entry.device) {
-            (Some(gpu), Some(options)) => Some(
-                DeviceCommunicator::new(
-                    Arc::clone(gpu),
-                    scoped,
-                    m.members.clone(),
-                    self.rank,
-                    options.clone(),
-                )
-                .map_err(comm_err)?,
-            ),
-            _ => None,
-        };
-        let pg = ProcessGroup::new(host, device).map_err(comm_err)?;
-        Ok(entry.group.get_or_init(|| pg))
+        Ok(entry.group.get_or_init(|| comm))
     }
 
     /// The closing barriers of an eager build, in slot order, each on this thread ([`Communicator::barrier_now`]:
@@ -328,7 +295,7 @@ impl ProcessGroupCollection {
         let created: Vec<(&Entry, &Communicator)> = self
             .entries
             .iter()
-            .filter_map(|e| Some((e, e.group.get()?.host())))
+            .filter_map(|e| Some((e, e.group.get()?)))
             .collect();
         let members: Vec<&[usize]> = created.iter().map(|(_, c)| c.ranks()).collect();
         for ((entry, comm), needed) in created.iter().zip(needs_barrier(&members)) {

@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypercomm_comm::{BackendKind, CommOptions, Communicator, ReduceOp};
+use hypercomm_comm::{CommOptions, Communicator, ReduceOp};
 use hypercomm_grid::layout::{GroupKind, LayoutConfig, ParallelLayout};
 use hypercomm_store::Store;
 use process_group_collection::{
@@ -91,7 +91,6 @@ fn split_bootstrap_builds_the_same_groups() {
     run_ranks(0..16, |rank, store| {
         let layout = layout();
         let parent = Communicator::world(
-            BackendKind::Host,
             store,
             16,
             rank,
@@ -117,14 +116,8 @@ fn split_from_a_parent_missing_ranks_fails_before_splitting() {
             .tp(2)
             .build()
             .map_err(|e| e.to_string())?;
-        let parent = Communicator::world(
-            BackendKind::Host,
-            store,
-            4,
-            rank,
-            CommOptions::named("small"),
-        )
-        .map_err(|e| e.to_string())?;
+        let parent = Communicator::world(store, 4, rank, CommOptions::named("small"))
+            .map_err(|e| e.to_string())?;
         Ok(ProcessGroupCollection::for_layout("big", layout)
             .build_by_split(&parent)
             .unwrap_err()
@@ -464,9 +457,8 @@ fn the_world_group_spans_the_layout_with_its_offset() {
             .build(rank, store)
             .map_err(|e| e.to_string())?;
         let world = pgc.world().map_err(|e| e.to_string())?;
-        assert_eq!(world.host().ranks(), [4, 5, 6, 7]);
+        assert_eq!(world.ranks(), [4, 5, 6, 7]);
         let v = world
-            .host()
             .all_reduce(vec![rank as u32], ReduceOp::Sum)
             .and_then(hypercomm_comm::Work::wait)
             .map_err(|e| e.to_string())?;
@@ -562,7 +554,6 @@ fn a_collection_built_by_split_fails_together() {
             .build()
             .map_err(|e| e.to_string())?;
         let parent = Communicator::world(
-            BackendKind::Host,
             Arc::clone(&store),
             4,
             rank,

@@ -6,7 +6,7 @@ mod support;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use hypercomm_comm::{BackendKind, CommOptions, Communicator};
+use hypercomm_comm::{CommOptions, Communicator};
 use hypercomm_grid::layout::LayoutConfig;
 use process_group_collection::ProcessGroupCollection;
 use support::run_ranks;
@@ -47,14 +47,8 @@ fn built_collections_hold_no_progress_thread_until_a_group_is_used() {
         let keyed = builder("quiet")
             .build(rank, Arc::clone(&store))
             .map_err(|e| e.to_string())?;
-        let parent = Communicator::world(
-            BackendKind::Host,
-            store,
-            ranks,
-            rank,
-            CommOptions::named("par"),
-        )
-        .map_err(|e| e.to_string())?;
+        let parent = Communicator::world(store, ranks, rank, CommOptions::named("par"))
+            .map_err(|e| e.to_string())?;
         let split = builder("splitted")
             .build_by_split(&parent)
             .map_err(|e| e.to_string())?;

@@ -93,7 +93,7 @@ impl CustomOp1 for ReduceFromTp {
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         crate::device::cuda_fwd(
             &self.group,
-            crate::collectives::Kind::AllReduce(ReduceOp::Sum),
+            crate::kind::Kind::AllReduce(ReduceOp::Sum),
             storage,
             layout,
         )

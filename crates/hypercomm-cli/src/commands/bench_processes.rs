@@ -11,8 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use hypercomm_comm::Communicator;
 use hypercomm_comm::bench::{self, BenchConfig, BenchResult};
-use hypercomm_comm::{BackendKind, Communicator};
 use hypercomm_store::Rendezvous;
 
 use crate::error::CliError;
@@ -104,7 +104,6 @@ pub fn worker(config: &BenchConfig) -> Result<(), CliError> {
         .map_err(|e| failed(&e))?;
     let options = bench::comm_options(config).map_err(|e| failed(&e))?;
     let comm = Communicator::world(
-        BackendKind::Host,
         Arc::new(joined.store),
         config.ranks,
         rendezvous.rank,

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use super::engine::{Engine, Job};
 use crate::CommError;
-use crate::work::RunInline;
+use crate::host_work::RunInline;
 
 /// How long the progress thread of a busy lane sleeps between looks at the queue.
 pub(crate) const NAP: Duration = Duration::from_micros(500);

@@ -1,22 +1,26 @@
-//! [`Communicator`]: the one public face of every backend.
+//! [`Communicator`]: the one public face of a group's communicator, whatever its buffers live on.
 //!
-//! A communicator is created collectively by every member rank from a store, a rank list and [`CommOptions`].
-//! Each collective checks its local arguments at once (wrong lengths, roots and peers are errors before anything
-//! is sent), then moves its buffers into a job on the communicator's lane, where jobs run one at a time in issue
-//! order, and returns a [`Work`] handle that gives the buffers back. A job runs on the thread that waits on it
-//! when it is next (the usual issue-then-wait), otherwise on the communicator's progress thread.
+//! A communicator is created collectively by every member rank from a store, a rank list and [`CommOptions`],
+//! and, when it is given a [`Gpu`], over the same ranks on that GPU too. It owns up to two flavors: the host
+//! flavor (always; shared memory on one machine, TCP across machines) and the NCCL flavor (with a GPU). Each
+//! operation is described once ([`Op`]), checked once here, and runs on the flavor its buffers' type names
+//! ([`Buffer`](crate::Buffer)): a `Vec<T>` on the host, a [`DeviceBuffer<T>`](crate::device::DeviceBuffer) on
+//! NCCL. Both give back a [`Work`] for the same buffers.
 //!
-//! The progress thread starts with the first operation, not with the communicator: a collection builds a
-//! communicator for every group of a layout (22 kinds), and the groups a program never uses then cost no thread.
-//! [`Communicator::barrier_now`] runs a barrier on the caller's thread while nothing is queued, so that the
-//! collection's closing barrier on each group costs none either.
+//! The host flavor moves an operation's buffers into a job on the communicator's lane, where jobs run one at a
+//! time in issue order; a job runs on the thread that waits on it when it is next (the usual issue-then-wait),
+//! otherwise on the communicator's progress thread. The progress thread starts with the first host operation, not
+//! with the communicator: a collection builds a communicator for every group of a layout (22 kinds), and the
+//! groups a program never uses then cost no thread. [`Communicator::barrier_now`] runs a barrier on the caller's
+//! thread while nothing is queued, so the collection's closing barrier on each group costs none either.
 //!
-//! The queue and the progress thread are in `lane`; what runs a job on the backend, in `engine`; the collectives,
-//! each a job, in `collectives`.
+//! The queue and the progress thread are in `lane`; what runs a job on the host backend, in `engine`; the face's
+//! operations, in `collectives`; splits, in `splits`.
 
 mod collectives;
 mod engine;
 mod lane;
+pub(crate) mod splits;
 mod symmetric;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,21 +31,24 @@ use hypercomm_store::Store;
 use crate::CommError;
 use crate::backend::Backend;
 use crate::backends::host::HostBackend;
-use crate::failure::{self, Context, FailureDomain};
-use crate::options::{BackendKind, CommOptions};
-use crate::work::{RunInline, Work, pair};
+use crate::backends::nccl::communicator::{DeviceCommunicator, DeviceWork};
+use crate::backends::nccl::gpu::Gpu;
+use crate::failure::{self, Context, FailureDomain, Member};
+use crate::host_work::{HostWork, RunInline, pair};
+use crate::op::{Group, Op};
+use crate::options::CommOptions;
 
 use engine::{Engine, Job, lock};
 use lane::Lane;
 
 /// What an out-of-place operation gives back: its `(input, output)` buffers.
-pub type InOut<T> = (Vec<T>, Vec<T>);
+pub type InOut<B> = (B, B);
 
-/// A communicator over a fixed list of ranks.
+/// A group's communicator: host vectors and, when it has a GPU, device buffers alike.
 ///
 /// ```
 /// use std::sync::Arc;
-/// use hypercomm_comm::{BackendKind, CommOptions, Communicator, ReduceOp};
+/// use hypercomm_comm::{CommOptions, Communicator, ReduceOp};
 /// use hypercomm_store::MemoryStore;
 ///
 /// // Two ranks as two threads sharing a store.
@@ -50,7 +57,7 @@ pub type InOut<T> = (Vec<T>, Vec<T>);
 ///     .map(|me| {
 ///         let store = Arc::clone(&store);
 ///         std::thread::spawn(move || {
-///             let comm = Communicator::new(BackendKind::Host, store, vec![0, 1], me, CommOptions::named("doc"))?;
+///             let comm = Communicator::new(store, vec![0, 1], me, CommOptions::named("doc"))?;
 ///             let sum = comm.all_reduce(vec![me as f32 + 1.0; 4], ReduceOp::Sum)?.wait()?;
 ///             assert_eq!(sum, vec![3.0; 4]);
 ///             Ok::<_, hypercomm_comm::CommError>(())
@@ -62,11 +69,15 @@ pub type InOut<T> = (Vec<T>, Vec<T>);
 /// }
 /// # Ok::<(), hypercomm_comm::CommError>(())
 /// ```
+///
+/// With a GPU ([`Communicator::with_gpu`]) the same call takes a
+/// [`DeviceBuffer`](crate::device::DeviceBuffer) and runs on NCCL: `comm.all_reduce(device_buf, ReduceOp::Sum)?`
+/// gives a [`Work`] whose `wait()` blocks until the GPU is done and whose `wait_on(&stream)` orders a stream
+/// instead.
 pub struct Communicator {
     name: String,
     rank: usize,
     ranks: Vec<usize>,
-    kind: BackendKind,
     options: CommOptions,
     store: Arc<dyn Store>,
     transport: &'static str,
@@ -76,6 +87,8 @@ pub struct Communicator {
     shrinks: AtomicU64,
     /// The symmetric windows, when the options ask for them (see [`crate::symmetric`]).
     windows: Option<Arc<crate::symmetric::Windows>>,
+    /// The NCCL flavor, when the communicator has a GPU.
+    nccl: Option<DeviceCommunicator>,
 }
 
 /// What a communicator shares with its [`FailureDomain`]: enough to abort it from another communicator's
@@ -100,31 +113,159 @@ impl Shared {
     }
 }
 
+impl Member for Shared {
+    fn abort_with(&self, cause: &str) {
+        Shared::abort_with(self, cause);
+    }
+}
+
 impl std::fmt::Debug for Communicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Communicator")
             .field("name", &self.name)
             .field("rank", &self.rank)
             .field("ranks", &self.ranks)
-            .field("backend", &self.kind)
             .field("transport", &self.transport)
+            .field("gpu", &self.nccl.as_ref().map(|d| d.gpu().ordinal()))
             .finish()
     }
 }
 
+/// Where a communicator's NCCL flavor comes from.
+pub(crate) enum DeviceSource<'a> {
+    /// A new NCCL communicator on this GPU, its unique id exchanged through the store.
+    Fresh(Arc<Gpu>),
+    /// `ncclCommSplit` of the parent's NCCL flavor with this color and key (every parent rank calls it).
+    Split {
+        parent: &'a DeviceCommunicator,
+        color: u32,
+        key: i64,
+    },
+}
+
 impl Communicator {
     /// Joins the communicator `options.name` whose members are `ranks` (ids in any numbering the caller uses,
-    /// for example global ranks), as member `me`. Every member must call this with the same list and name; the
-    /// call returns once all have connected (or fails after `options.timeout`). This rank's rank in the
-    /// communicator is `me`'s position in `ranks`.
+    /// for example global ranks), as member `me`, with the host flavor only. Every member must call this with
+    /// the same list and name; the call returns once all have connected (or fails after `options.timeout`). This
+    /// rank's rank in the communicator is `me`'s position in `ranks`. NCCL knobs in `options` are refused: they
+    /// need a GPU ([`with_gpu`](Self::with_gpu)).
     pub fn new(
-        kind: BackendKind,
         store: Arc<dyn Store>,
         ranks: Vec<usize>,
         me: usize,
         options: CommOptions,
     ) -> Result<Communicator, CommError> {
-        options.validate_for(kind)?;
+        Communicator::connect(None, store, ranks, me, options)
+    }
+
+    /// [`new`](Self::new), and an NCCL communicator over the same ranks on `gpu`, named `<name>/device`: device
+    /// buffers given to this communicator run there. The NCCL knobs of `options` go to NCCL (each honoured or
+    /// refused by name), the host-only knobs to the host flavor; both flavors share one failure domain, so a
+    /// failure of either stops both. Every member must pass a GPU.
+    pub fn with_gpu(
+        gpu: Arc<Gpu>,
+        store: Arc<dyn Store>,
+        ranks: Vec<usize>,
+        me: usize,
+        options: CommOptions,
+    ) -> Result<Communicator, CommError> {
+        Communicator::connect(Some(gpu), store, ranks, me, options)
+    }
+
+    /// [`with_gpu`](Self::with_gpu) when `gpu` is given, [`new`](Self::new) otherwise: for code that builds
+    /// groups either way (a collection, a benchmark).
+    pub fn connect(
+        gpu: Option<Arc<Gpu>>,
+        store: Arc<dyn Store>,
+        ranks: Vec<usize>,
+        me: usize,
+        options: CommOptions,
+    ) -> Result<Communicator, CommError> {
+        Communicator::create(store, ranks, me, options, gpu.map(DeviceSource::Fresh))
+    }
+
+    /// The communicator over ranks `0..size`, as rank `rank`, with the host flavor only.
+    pub fn world(
+        store: Arc<dyn Store>,
+        size: usize,
+        rank: usize,
+        options: CommOptions,
+    ) -> Result<Communicator, CommError> {
+        Communicator::new(store, (0..size).collect(), rank, options)
+    }
+
+    /// Checks `options` as a communicator with `gpu` (or without one) would, before anything is created: the
+    /// host knobs against the host flavor, the NCCL knobs against the loaded NCCL, or, without a GPU, that no
+    /// NCCL knob is set. The split of the options between the flavors happens here and nowhere else.
+    pub fn check_options(gpu: Option<&Gpu>, options: &CommOptions) -> Result<(), CommError> {
+        let (host, device) = Self::flavor_options(gpu.is_some(), options);
+        host.validate_host()?;
+        match (gpu, device) {
+            (Some(gpu), Some(device)) => gpu.check_options(&device),
+            _ => Ok(()),
+        }
+    }
+
+    /// `options` split between the flavors: the host flavor's and, with a GPU, the NCCL flavor's.
+    fn flavor_options(gpu: bool, options: &CommOptions) -> (CommOptions, Option<CommOptions>) {
+        if gpu {
+            (options.without_nccl_knobs(), Some(options.for_device()))
+        } else {
+            (options.clone(), None)
+        }
+    }
+
+    /// The one constructor: the host flavor through the store, then, from `device`, the NCCL flavor in the host
+    /// flavor's failure domain.
+    pub(crate) fn create(
+        store: Arc<dyn Store>,
+        ranks: Vec<usize>,
+        me: usize,
+        options: CommOptions,
+        device: Option<DeviceSource<'_>>,
+    ) -> Result<Communicator, CommError> {
+        // Every option checked before any peer is met: a knob the loaded NCCL refuses fails here, not after the
+        // host flavor has connected.
+        let gpu = device.as_ref().map(|source| match source {
+            DeviceSource::Fresh(gpu) => &**gpu,
+            DeviceSource::Split { parent, .. } => &**parent.gpu(),
+        });
+        Communicator::check_options(gpu, &options)?;
+        let (host_options, device_options) = Self::flavor_options(device.is_some(), &options);
+        let mut comm = Communicator::host(Arc::clone(&store), ranks.clone(), me, host_options)?;
+        if let (Some(source), Some(device_options)) = (device, device_options) {
+            let device_options = CommOptions {
+                failure_domain: Some(Arc::clone(&comm.domain)),
+                ..device_options
+            };
+            let nccl = match source {
+                DeviceSource::Fresh(gpu) => {
+                    DeviceCommunicator::new(gpu, store, ranks.clone(), me, device_options)?
+                }
+                DeviceSource::Split { parent, color, key } => parent
+                    .split_with(Some(color), key, device_options)?
+                    .ok_or_else(|| {
+                        crate::checks::invalid(
+                            &options.name,
+                            "ncclCommSplit with a color gave no child communicator".into(),
+                        )
+                    })?
+                    .with_members(ranks.clone(), me)?,
+            };
+            comm.nccl = Some(nccl);
+        }
+        comm.options = options;
+        Ok(comm)
+    }
+
+    /// The host flavor alone.
+    fn host(
+        store: Arc<dyn Store>,
+        ranks: Vec<usize>,
+        me: usize,
+        options: CommOptions,
+    ) -> Result<Communicator, CommError> {
+        options.validate_host()?;
         let rank = crate::checks::member_position(&options.name, &ranks, me)?;
         let domain = match &options.failure_domain {
             Some(d) if d.rank() != me => {
@@ -149,12 +290,10 @@ impl Communicator {
             comm: &options.name,
             timeout: options.timeout,
         };
-        let backend: Box<dyn Backend> = match kind {
-            BackendKind::Host => Box::new(
-                HostBackend::connect(store.as_ref(), ranks.len(), rank, &options)
-                    .map_err(|e| domain.settle(failure::to_members(e, &ranks), &cx))?,
-            ),
-        };
+        let backend: Box<dyn Backend> = Box::new(
+            HostBackend::connect(store.as_ref(), ranks.len(), rank, &options)
+                .map_err(|e| domain.settle(failure::to_members(e, &ranks), &cx))?,
+        );
         let transport = backend.transport_name();
         let windows = backend.symmetric_windows();
         let broken = Arc::new(Mutex::new(None));
@@ -175,7 +314,6 @@ impl Communicator {
             name: options.name.clone(),
             rank,
             ranks,
-            kind,
             options,
             store,
             transport,
@@ -184,18 +322,19 @@ impl Communicator {
             splits: AtomicU64::new(0),
             shrinks: AtomicU64::new(0),
             windows,
+            nccl: None,
         })
     }
 
-    /// The communicator over ranks `0..size`, as rank `rank`.
-    pub fn world(
-        kind: BackendKind,
-        store: Arc<dyn Store>,
-        size: usize,
-        rank: usize,
-        options: CommOptions,
-    ) -> Result<Communicator, CommError> {
-        Communicator::new(kind, store, (0..size).collect(), rank, options)
+    /// The NCCL flavor, for what only NCCL has (its stream, a health check, the strided all-reduce); `None`
+    /// without a GPU. Operations on device buffers go through this communicator itself, not through it.
+    pub fn nccl(&self) -> Option<&DeviceCommunicator> {
+        self.nccl.as_ref()
+    }
+
+    /// The GPU of the NCCL flavor, if the communicator has one.
+    pub fn gpu(&self) -> Option<&Arc<Gpu>> {
+        self.nccl.as_ref().map(DeviceCommunicator::gpu)
     }
 
     /// This rank's rank within the communicator.
@@ -221,11 +360,6 @@ impl Communicator {
     /// The options it was created with.
     pub fn options(&self) -> &CommOptions {
         &self.options
-    }
-
-    /// The backend.
-    pub fn backend(&self) -> BackendKind {
-        self.kind
     }
 
     /// The transport the backend chose (`"shm"` or `"tcp"` for the host backend).
@@ -286,14 +420,6 @@ impl Communicator {
         crate::checks::invalid(&self.name, what)
     }
 
-    fn check_root(&self, root: usize) -> Result<(), CommError> {
-        crate::checks::root(&self.name, self.size(), root)
-    }
-
-    fn check_len(&self, what: &str, got: usize, expected: usize) -> Result<(), CommError> {
-        crate::checks::len(&self.name, what, got, expected)
-    }
-
     fn check_multiple(&self, what: &str, len: usize) -> Result<(), CommError> {
         if len % self.size() != 0 {
             return Err(self.invalid(format!(
@@ -304,10 +430,44 @@ impl Communicator {
         Ok(())
     }
 
-    fn submit<R: Send + 'static>(
+    /// The group the operation checks see: name, size and this rank.
+    fn group(&self) -> Group<'_> {
+        Group {
+            comm: &self.name,
+            size: self.size(),
+            rank: self.rank,
+        }
+    }
+
+    /// The NCCL flavor for a device buffer on device `device` of an operation `op`, or why there is none.
+    pub(crate) fn nccl_for(
+        &self,
+        op: &Op,
+        device: usize,
+    ) -> Result<&DeviceCommunicator, CommError> {
+        let Some(nccl) = &self.nccl else {
+            return Err(self.invalid(format!(
+                "{} got a buffer on device {device}, but communicator {} has no gpu: create it with_gpu (or build \
+                 its collection with_gpu) to run operations on device buffers",
+                op.name(),
+                self.name
+            )));
+        };
+        if nccl.gpu().ordinal() != device {
+            return Err(self.invalid(format!(
+                "{} got a buffer on device {device}, but the communicator is on device {}",
+                op.name(),
+                nccl.gpu().ordinal()
+            )));
+        }
+        Ok(nccl)
+    }
+
+    /// Queues `f` on the host flavor's lane.
+    pub(crate) fn submit<R: Send + 'static>(
         &self,
         f: impl FnOnce(&mut dyn Backend) -> Result<R, CommError> + Send + 'static,
-    ) -> Result<Work<R>, CommError> {
+    ) -> Result<HostWork<R>, CommError> {
         if let Some(cause) = self.broken() {
             return Err(CommError::Broken {
                 comm: self.name.clone(),
@@ -330,62 +490,15 @@ impl Communicator {
         let Some(mut engine) = self.shared.lane.borrow_idle() else {
             return self.barrier()?.wait();
         };
+        if let Some(fence) = self.device_fence()? {
+            if let Err(e) = fence.synchronize() {
+                self.shared.lane.give_back(engine);
+                return Err(e);
+            }
+        }
         let result = engine.execute(|b| b.barrier());
         self.shared.lane.give_back(engine);
         result
-    }
-
-    /// Splits the communicator, with NCCL's semantics: ranks passing the same `color` form a new communicator,
-    /// ordered by `key` and then by rank here; `None` (NCCL's `NCCL_SPLIT_NOCOLOR`) joins nothing and returns
-    /// `None`. Collective: every rank must call it, in the same order relative to other splits. The child's name
-    /// is `<parent>/split<n>/color<c>`, where `n` counts this communicator's splits, so repeated splits never
-    /// collide. The child inherits the parent's options.
-    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>, CommError> {
-        self.split_with(color, key, self.options.clone())
-    }
-
-    /// [`split`](Self::split) with other options for the child (like `ncclCommSplit`'s config argument).
-    /// `options.name` is replaced by the derived child name.
-    pub fn split_with(
-        &self,
-        color: Option<u32>,
-        key: i64,
-        options: CommOptions,
-    ) -> Result<Option<Communicator>, CommError> {
-        let mut children = self.split_many(vec![(color, key, options)])?;
-        // One split asked for, one child to take; `None` only if the iterator were already spent.
-        children.next().unwrap_or(Ok(None))
-    }
-
-    /// Many splits at once: `splits[i]` is the `(color, key, options)` of the `i`-th split, with the same
-    /// semantics, names and order as that many calls of [`split_with`](Self::split_with), but one all-gather of
-    /// every rank's colors and keys instead of one per split. Collective: every rank must pass the same number of
-    /// splits. The children are created as the returned iterator is advanced, in order, so that the caller can
-    /// interleave its own steps between them; every rank must take every child, as it would call every split.
-    pub fn split_many(
-        &self,
-        splits: Vec<(Option<u32>, i64, CommOptions)>,
-    ) -> Result<Splits<'_>, CommError> {
-        let count = splits.len();
-        let first = self.splits.fetch_add(count as u64, Ordering::Relaxed);
-        let mine: Vec<u64> = splits
-            .iter()
-            .flat_map(|(color, key, _)| [color.map_or(u64::MAX, u64::from), *key as u64])
-            .collect();
-        let (_, all) = if count == 0 {
-            (Vec::new(), Vec::new())
-        } else {
-            let n = self.size();
-            self.all_gather_into(mine, vec![0u64; 2 * count * n])?
-                .wait()?
-        };
-        Ok(Splits {
-            parent: self,
-            all,
-            count,
-            first,
-            pending: splits.into_iter(),
-        })
     }
 
     /// Gives up on the communicator: marks it broken, tells the peers (their pending and later operations fail
@@ -401,72 +514,19 @@ impl Communicator {
             self.domain.record_abort();
         }
         self.shared.lane.close(true);
+        if let Some(nccl) = &self.nccl {
+            nccl.abort();
+        }
         // Drop joins the progress thread.
     }
-}
 
-/// The children of [`Communicator::split_many`], each created (collectively, with its members) when taken.
-pub struct Splits<'a> {
-    parent: &'a Communicator,
-    /// Every rank's `(color, key)` per split: rank `r`'s for split `i` at `2 * (r * count + i)`.
-    all: Vec<u64>,
-    count: usize,
-    /// The parent's split number of split 0.
-    first: u64,
-    pending: std::vec::IntoIter<(Option<u32>, i64, CommOptions)>,
-}
-
-impl std::fmt::Debug for Splits<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Splits")
-            .field("parent", &self.parent.name)
-            .field("count", &self.count)
-            .field("taken", &(self.count - self.pending.len()))
-            .finish()
-    }
-}
-
-impl Iterator for Splits<'_> {
-    type Item = Result<Option<Communicator>, CommError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        // The index of the split about to be taken: those already taken.
-        let i = self.count - self.pending.len();
-        let (color, _, options) = self.pending.next()?;
-        let Some(color) = color else {
-            return Some(Ok(None));
-        };
-        let parent = self.parent;
-        let n = parent.size();
-        let (all, count) = (&self.all, self.count);
-        let mut members: Vec<(i64, usize)> = (0..n)
-            .filter(|r| all[2 * (r * count + i)] == u64::from(color))
-            .map(|r| (all[2 * (r * count + i) + 1] as i64, r))
-            .collect();
-        members.sort_unstable();
-        let ranks = members.iter().map(|&(_, r)| parent.ranks[r]).collect();
-        let options = CommOptions {
-            name: format!(
-                "{}/split{}/color{color}",
-                parent.name,
-                self.first + i as u64
-            ),
-            ..options
-        };
-        Some(
-            Communicator::new(
-                parent.kind,
-                Arc::clone(&parent.store),
-                ranks,
-                parent.ranks[parent.rank],
-                options,
-            )
-            .map(Some),
-        )
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        self.pending.size_hint()
+    /// An event after the device work issued so far on the NCCL flavor, for a barrier to wait on (`None` without
+    /// a GPU): a barrier on a communicator with a GPU also orders its device work.
+    fn device_fence(&self) -> Result<Option<DeviceWork<()>>, CommError> {
+        self.nccl
+            .as_ref()
+            .map(DeviceCommunicator::fence)
+            .transpose()
     }
 }
 
@@ -485,7 +545,7 @@ mod tests {
     use hypercomm_store::MemoryStore;
 
     use super::Communicator;
-    use crate::{BackendKind, CommOptions, ReduceOp};
+    use crate::{CommOptions, ReduceOp};
 
     /// How many threads of this process carry `name` (Linux truncates thread names to 15 bytes).
     fn threads_named(name: &str) -> usize {
@@ -519,7 +579,7 @@ mod tests {
     #[test]
     fn the_progress_thread_starts_with_the_first_operation_and_ends_with_the_communicator() {
         let store = Arc::new(MemoryStore::new());
-        let comm = Communicator::world(BackendKind::Host, store, 1, 0, CommOptions::named("lzy"))
+        let comm = Communicator::world(store, 1, 0, CommOptions::named("lzy"))
             .expect("one-rank communicator");
         assert_eq!(
             threads_named("hypercomm-lzy"),
@@ -547,7 +607,7 @@ mod tests {
     #[test]
     fn an_idle_communicator_aborts_and_drops_without_a_thread() {
         let store = Arc::new(MemoryStore::new());
-        let comm = Communicator::world(BackendKind::Host, store, 1, 0, CommOptions::named("lzi"))
+        let comm = Communicator::world(store, 1, 0, CommOptions::named("lzi"))
             .expect("one-rank communicator");
         comm.abort();
         assert_eq!(threads_named("hypercomm-lzi"), 0);
@@ -570,14 +630,8 @@ mod tests {
             .map(|me| {
                 let (store, f) = (Arc::clone(&store), Arc::clone(&f));
                 std::thread::spawn(move || {
-                    let comm = Communicator::world(
-                        BackendKind::Host,
-                        store,
-                        n,
-                        me,
-                        CommOptions::named(name),
-                    )
-                    .expect("communicator");
+                    let comm = Communicator::world(store, n, me, CommOptions::named(name))
+                        .expect("communicator");
                     f(me, comm)
                 })
             })

@@ -81,6 +81,7 @@ impl Communicator {
                 }
             },
         )
+        .map(Work::from)
     }
 
     fn windows(&self) -> Result<&Arc<Windows>, CommError> {

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 
-use hypercomm_comm::device::{DeviceRuntime, Gpu};
+use hypercomm_comm::Communicator;
+use hypercomm_comm::device::{DeviceCommunicator, DeviceRuntime, Gpu};
 use hypercomm_store::{MemoryStore, Store};
 
 /// Set in the children, so their tests know they run under the fake.
@@ -31,7 +32,10 @@ pub fn fake_library() -> PathBuf {
 pub struct FakeDir(pub PathBuf);
 
 impl FakeDir {
+    /// `tag` names the directory; a test's path in it (`module::test`) has its colons replaced, since the
+    /// directory goes on `LD_LIBRARY_PATH`, where a colon separates entries.
     pub fn new(tag: &str) -> FakeDir {
+        let tag = tag.replace(':', "-");
         let dir =
             std::env::temp_dir().join(format!("hypercomm-fake-gpu-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -143,4 +147,11 @@ pub fn ranks<R: Send>(n: usize, f: impl Fn(usize, Arc<Gpu>, Arc<dyn Store>) -> R
             .map(|h| h.join().expect("a rank panicked"))
             .collect()
     })
+}
+
+/// The NCCL flavor of `comm`, for what only NCCL has (its stream, a health check, the strided all-reduce); the
+/// tests make their communicators `with_gpu`, so a communicator without one is a test bug.
+pub fn nccl(comm: &Communicator) -> &DeviceCommunicator {
+    comm.nccl()
+        .unwrap_or_else(|| panic!("communicator {} was made without a gpu", comm.name()))
 }

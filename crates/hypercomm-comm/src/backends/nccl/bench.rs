@@ -6,8 +6,8 @@
 //!   and timed with CUDA events around each batch; the time is the median of the batches' per-operation means,
 //!   and bandwidth follows [`BenchOp::bus_factor`] as on the host.
 //! - **Host overhead per call**: the CPU time to issue one small in-place `f32` all-reduce through
-//!   [`DeviceCommunicator::all_reduce`] (and take the buffer back with `wait` on the communicator's own
-//!   stream), against calling `ncclAllReduce` directly on the same communicator, stream and buffer. Batches of
+//!   [`Communicator::all_reduce`] on a device buffer (and take the buffer back with `wait_on` the
+//!   communicator's own stream), against calling `ncclAllReduce` directly on the same communicator, stream and buffer. Batches of
 //!   each alternate, the stream is drained between batches (untimed), and each side reports the median over
 //!   batches of its per-call time. The difference is what hypercomm adds: its locks, the buffer's stream
 //!   events (cudarc's tracking) and the handle's pooled event.
@@ -28,7 +28,7 @@ use super::gpu::{DeviceBuffer, Gpu, cuda_err};
 use super::probe::DeviceRuntime;
 use super::raw;
 use crate::bench::{BenchOp, BenchResult, iterations};
-use crate::{CommError, CommOptions, ReduceOp};
+use crate::{CommError, CommOptions, Communicator, ReduceOp};
 
 /// The first NCCL release that runs several ranks of one communicator on one GPU (with
 /// `NCCL_MULTI_RANK_GPU_ENABLE=1`).
@@ -174,7 +174,7 @@ pub fn run(
                 let members = members.clone();
                 scope.spawn(move || -> Result<RankReport, CommError> {
                     let comm =
-                        DeviceCommunicator::new(gpu, store, members, me, config.options.clone())?;
+                        Communicator::with_gpu(gpu, store, members, me, config.options.clone())?;
                     rank_main(&comm, config, if me == 0 { Some(progress) } else { None })
                 })
             })
@@ -214,8 +214,16 @@ struct RankReport {
     overhead: Option<OverheadResult>,
 }
 
+/// The NCCL flavor of a communicator made `with_gpu`.
+fn device(comm: &Communicator) -> Result<&DeviceCommunicator, CommError> {
+    comm.nccl().ok_or_else(|| CommError::InvalidArgument {
+        comm: comm.name().to_owned(),
+        what: "the device benchmark needs a communicator with a gpu".into(),
+    })
+}
+
 fn rank_main(
-    comm: &DeviceCommunicator,
+    comm: &Communicator,
     config: &DeviceBenchConfig,
     progress: Option<&(dyn Fn(&BenchResult) + Sync)>,
 ) -> Result<RankReport, CommError> {
@@ -246,18 +254,18 @@ struct Buffers {
 }
 
 /// Enqueues one `op` and takes the buffers back ordered on the communicator's stream (no CPU block).
-fn enqueue_op(comm: &DeviceCommunicator, op: BenchOp, b: Buffers) -> Result<Buffers, CommError> {
-    let s = comm.stream();
+fn enqueue_op(comm: &Communicator, op: BenchOp, b: Buffers) -> Result<Buffers, CommError> {
+    let s = device(comm)?.stream();
     let Buffers { input, output } = b;
     let (input, output) = match op {
-        BenchOp::AllReduce => (comm.all_reduce(input, ReduceOp::Sum)?.wait(s)?, output),
-        BenchOp::Broadcast => (comm.broadcast(input, 0)?.wait(s)?, output),
-        BenchOp::Reduce => (comm.reduce(input, ReduceOp::Sum, 0)?.wait(s)?, output),
-        BenchOp::AllGather => comm.all_gather_into(input, output)?.wait(s)?,
+        BenchOp::AllReduce => (comm.all_reduce(input, ReduceOp::Sum)?.wait_on(s)?, output),
+        BenchOp::Broadcast => (comm.broadcast(input, 0)?.wait_on(s)?, output),
+        BenchOp::Reduce => (comm.reduce(input, ReduceOp::Sum, 0)?.wait_on(s)?, output),
+        BenchOp::AllGather => comm.all_gather_into(input, output)?.wait_on(s)?,
         BenchOp::ReduceScatter => comm
             .reduce_scatter_into(input, output, ReduceOp::Sum)?
-            .wait(s)?,
-        BenchOp::AllToAll => comm.all_to_all_into(input, output)?.wait(s)?,
+            .wait_on(s)?,
+        BenchOp::AllToAll => comm.all_to_all_into(input, output)?.wait_on(s)?,
     };
     Ok(Buffers { input, output })
 }
@@ -273,33 +281,34 @@ fn timing_event(comm: &DeviceCommunicator) -> Result<CudaEvent, CommError> {
 const BATCHES: usize = 5;
 
 fn measure_size(
-    comm: &DeviceCommunicator,
+    comm: &Communicator,
     config: &DeviceBenchConfig,
     bytes: usize,
 ) -> Result<BenchResult, CommError> {
+    let dev = device(comm)?;
     let n = comm.size();
     let op = config.op;
     let (input_len, output_len) = op.buffer_lens(bytes, n);
-    let gpu = comm.gpu();
+    let gpu = dev.gpu();
     let mut bufs = Buffers {
         input: gpu.alloc_zeros::<f32>(input_len)?,
         output: gpu.alloc_zeros::<f32>(output_len)?,
     };
     let iters = iterations(bytes, config.max_iters);
     let per_batch = iters.div_ceil(BATCHES).max(1);
-    let (start, end) = (timing_event(comm)?, timing_event(comm)?);
+    let (start, end) = (timing_event(dev)?, timing_event(dev)?);
     let cuda = |what| cuda_err(comm.name(), what);
     for _ in 0..2.max(iters / 10) {
         bufs = enqueue_op(comm, op, bufs)?;
     }
     let mut per_op_us = Vec::with_capacity(BATCHES);
     for _ in 0..BATCHES {
-        start.record(comm.stream()).map_err(cuda("recording"))?;
+        start.record(dev.stream()).map_err(cuda("recording"))?;
         for _ in 0..per_batch {
             bufs = enqueue_op(comm, op, bufs)?;
         }
-        end.record(comm.stream()).map_err(cuda("recording"))?;
-        wait_for(comm, &end)?;
+        end.record(dev.stream()).map_err(cuda("recording"))?;
+        wait_for(dev, &end)?;
         let ms = start.elapsed_ms(&end).map_err(cuda("reading a timer"))?;
         per_op_us.push(f64::from(ms) * 1e3 / per_batch as f64);
     }
@@ -319,13 +328,14 @@ fn wait_for(comm: &DeviceCommunicator, event: &CudaEvent) -> Result<(), CommErro
 }
 
 fn measure_overhead(
-    comm: &DeviceCommunicator,
+    comm: &Communicator,
     calls: usize,
     batches: usize,
 ) -> Result<OverheadResult, CommError> {
+    let dev = device(comm)?;
     let count = OVERHEAD_BYTES / 4;
-    let mut buf = comm.gpu().alloc_zeros::<f32>(count)?;
-    let drained = timing_event(comm)?;
+    let mut buf = dev.gpu().alloc_zeros::<f32>(count)?;
+    let drained = timing_event(dev)?;
     let drain = |comm: &DeviceCommunicator| -> Result<(), CommError> {
         drained
             .record(comm.stream())
@@ -334,22 +344,22 @@ fn measure_overhead(
     };
     // Warm up both paths (NCCL connects lazily on the first call).
     for _ in 0..2 {
-        let _ = raw_batch(comm, &mut buf, calls)?;
-        drain(comm)?;
+        let _ = raw_batch(dev, &mut buf, calls)?;
+        drain(dev)?;
         buf = hypercomm_batch(comm, buf, calls)?.0;
-        drain(comm)?;
+        drain(dev)?;
     }
     let (mut raw, mut ours) = (Vec::with_capacity(batches), Vec::with_capacity(batches));
     let mut raw_in_progress = 0;
     for _ in 0..batches {
-        let (t, pending) = raw_batch(comm, &mut buf, calls)?;
+        let (t, pending) = raw_batch(dev, &mut buf, calls)?;
         raw_in_progress += pending;
         raw.push(t.as_secs_f64() * 1e9 / calls.max(1) as f64);
-        drain(comm)?;
+        drain(dev)?;
         let (b, t) = hypercomm_batch(comm, buf, calls)?;
         buf = b;
         ours.push(t.as_secs_f64() * 1e9 / calls as f64);
-        drain(comm)?;
+        drain(dev)?;
     }
     Ok(OverheadResult {
         calls,
@@ -362,13 +372,14 @@ fn measure_overhead(
 
 /// `calls` in-place sum all-reduces of `buf` through hypercomm; returns the buffer and the CPU time taken.
 fn hypercomm_batch(
-    comm: &DeviceCommunicator,
+    comm: &Communicator,
     mut buf: DeviceBuffer<f32>,
     calls: usize,
 ) -> Result<(DeviceBuffer<f32>, Duration), CommError> {
+    let stream = device(comm)?.stream();
     let start = Instant::now();
     for _ in 0..calls {
-        buf = comm.all_reduce(buf, ReduceOp::Sum)?.wait(comm.stream())?;
+        buf = comm.all_reduce(buf, ReduceOp::Sum)?.wait_on(stream)?;
     }
     Ok((buf, start.elapsed()))
 }

@@ -1,4 +1,4 @@
-//! The NCCL backend: collectives on GPU memory, through cudarc (contexts, streams, events, buffers, NVRTC) and
+//! The NCCL flavor of a [`Communicator`](crate::Communicator): operations on GPU memory, through cudarc (contexts, streams, events, buffers, NVRTC) and
 //! `nccl-sys` (the runtime-loaded NCCL API).
 //!
 //! Layers, as in cudarc: [`raw`] is every NCCL call as a `Result` (all the `unsafe` NCCL calls are there);
@@ -8,10 +8,11 @@
 //! 1. [`probe::DeviceRuntime::probe`]: is there a driver, a device, an NCCL? Any "no" is
 //!    [`CommError::Unavailable`](crate::CommError::Unavailable); nothing panics.
 //! 2. [`gpu::Gpu::open`]: a device, its event pool and its kernel cache; [`gpu::DeviceBuffer`]s live on it.
-//! 3. [`communicator::DeviceCommunicator::new`]: the unique id goes through the store ([`unique_id`]); the
-//!    options become an `ncclConfig_t` and a stream priority ([`config`]).
-//! 4. Collectives return [`communicator::DeviceWork`]: `wait(stream)` orders a stream after it,
-//!    `synchronize()` blocks.
+//! 3. [`communicator::DeviceCommunicator::new`], called by the face's one constructor: the unique id goes
+//!    through the store ([`unique_id`]); the options become an `ncclConfig_t` and a stream priority ([`config`]).
+//! 4. The face hands each checked operation to the executor in `communicator/collectives.rs`, which turns it into
+//!    NCCL calls; the handle ([`communicator::DeviceWork`], inside the public `Work`) orders a stream after it or
+//!    blocks until it is done.
 
 pub mod bench;
 pub(crate) mod comm;

@@ -211,40 +211,6 @@ pub(crate) fn split(
     Ok(slot)
 }
 
-/// `ncclCommShrink` without the ranks in `exclude` (NCCL 2.27+; the gate refuses older libraries). The child
-/// lands in the returned slot as for [`split`].
-pub(crate) fn shrink(
-    nccl: &Nccl,
-    parent: CommHandle,
-    exclude: &[usize],
-    settings: &NcclSettings,
-    abort_first: bool,
-) -> Result<ChildSlot, NcclError> {
-    let api = nccl.api(Function::CommShrink)?;
-    let mut list: Vec<c_int> = exclude.iter().map(|&r| to_int(r)).collect();
-    let slot = ChildSlot::new();
-    let mut config = settings.raw();
-    let flags = if abort_first {
-        sys::NCCL_SHRINK_ABORT
-    } else {
-        sys::NCCL_SHRINK_DEFAULT
-    } as c_int;
-    // SAFETY: `parent` is live; `list` holds `list.len()` ints for the call (NCCL copies the list before
-    // returning); `slot.out()` stays valid until NCCL is done with it; `config` is a live local.
-    let raw = unsafe {
-        api.ncclCommShrink(
-            parent.0,
-            list.as_mut_ptr(),
-            to_int(list.len()),
-            slot.out(),
-            &mut config,
-            flags,
-        )
-    };
-    progress(nccl, Function::CommShrink, raw, parent.0)?;
-    Ok(slot)
-}
-
 /// `ncclCommCount`: the number of ranks.
 pub(crate) fn count(nccl: &Nccl, comm: CommHandle) -> Result<usize, NcclError> {
     let api = nccl.api(Function::CommCount)?;

@@ -1,13 +1,17 @@
-//! The collectives and point-to-point operations of a [`DeviceCommunicator`], and how each is enqueued: the
-//! buffers' addresses on the communicator's stream, an NCCL group for several calls, the handle's event after.
+//! The NCCL flavor's executor: an [`Op`] the face has checked becomes NCCL calls on the communicator's stream (the
+//! buffers' addresses taken there, an NCCL group for several calls, the handle's event after).
 
 use std::sync::Arc;
 
 use super::super::gpu::{DeviceBuffer, cuda_err};
 use super::super::raw::{self, Call, Progress};
-use super::{DeviceCommunicator, DeviceInOut, DeviceWork};
-use crate::CommError;
-use crate::element::{Element, ReduceOp};
+use super::{DeviceCommunicator, DeviceWork};
+use crate::element::{DType, Element};
+use crate::op::{Op, Shape};
+use crate::{CommError, Work};
+
+/// An out-of-place operation's `(input, output)` device buffers.
+type Pair<T> = (DeviceBuffer<T>, DeviceBuffer<T>);
 
 impl DeviceCommunicator {
     /// Enqueues `calls` on this communicator's stream, as one NCCL group when there are several.
@@ -80,17 +84,17 @@ impl DeviceCommunicator {
         })
     }
 
-    /// Runs the calls `make` builds from the address of `buf` and its length, and hands `buf` to the returned
-    /// handle.
+    /// Runs the calls `make` builds from the address of `buf` and its length (or fails with `make`'s error before
+    /// enqueueing anything), and hands `buf` to the returned handle.
     pub(super) fn one_buffer<T: Element, C: AsRef<[Call]>>(
         &self,
         mut buf: DeviceBuffer<T>,
-        make: impl FnOnce(u64, usize) -> C,
+        make: impl FnOnce(u64, usize) -> Result<C, CommError>,
     ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
         self.check_device("buffer", &buf)?;
         let count = buf.len();
         let p = buf.address_on(&self.stream);
-        self.enqueue(make(p, count).as_ref())?;
+        self.enqueue(make(p, count)?.as_ref())?;
         self.finish(buf, Vec::new())
     }
 
@@ -100,206 +104,203 @@ impl DeviceCommunicator {
         &self,
         mut input: DeviceBuffer<T>,
         mut output: DeviceBuffer<T>,
-        make: impl FnOnce(u64, u64) -> C,
-    ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
+        make: impl FnOnce(u64, u64) -> Result<C, CommError>,
+    ) -> Result<DeviceWork<Pair<T>>, CommError> {
         self.check_device("input", &input)?;
         self.check_device("output", &output)?;
         let s = input.address_on(&self.stream);
         let r = output.address_on(&self.stream);
-        self.enqueue(make(s, r).as_ref())?;
+        self.enqueue(make(s, r)?.as_ref())?;
         self.finish((input, output), Vec::new())
     }
 
-    /// All-reduce in place.
-    pub fn all_reduce<T: Element>(
-        &self,
-        buf: DeviceBuffer<T>,
-        op: ReduceOp,
-    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.one_buffer(buf, |p, count| {
-            [Call::AllReduce {
-                send: p,
-                recv: p,
-                count,
-                dtype: T::DTYPE,
-                op,
-            }]
-        })
+    /// A handle whose event follows the work enqueued so far: what a barrier on a communicator with a GPU waits for.
+    pub(crate) fn fence(&self) -> Result<DeviceWork<()>, CommError> {
+        self.finish((), Vec::new())
     }
 
-    /// All-reduce out of place; returns `(input, output)`.
-    pub fn all_reduce_into<T: Element>(
+    /// Runs `op`, which the face has checked, in place on `buf`.
+    pub(crate) fn launch_one<T: Element>(
         &self,
+        op: &Op,
+        buf: DeviceBuffer<T>,
+    ) -> Result<Work<DeviceBuffer<T>>, CommError> {
+        let shape = Shape::InPlace(buf.len());
+        self.one_buffer(buf, |p, _| self.calls(op, shape, T::DTYPE, p, p))
+            .map(Work::from)
+    }
+
+    /// Runs `op`, which the face has checked, from `input` into `output`.
+    pub(crate) fn launch_two<T: Element>(
+        &self,
+        op: &Op,
         input: DeviceBuffer<T>,
         output: DeviceBuffer<T>,
-        op: ReduceOp,
-    ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
-        self.check_len("all_reduce output", output.len(), input.len())?;
-        let count = input.len();
-        self.two_buffers(input, output, |send, recv| {
-            [Call::AllReduce {
+    ) -> Result<Work<Pair<T>>, CommError> {
+        let shape = Shape::OutOfPlace {
+            input: input.len(),
+            output: output.len(),
+        };
+        self.two_buffers(input, output, |s, r| self.calls(op, shape, T::DTYPE, s, r))
+            .map(Work::from)
+    }
+
+    /// The NCCL calls that run `op` over buffers of `shape` at device addresses `send` (read) and `recv`
+    /// (written; the same address in place), as one group when there are several; or why NCCL cannot run it.
+    fn calls(
+        &self,
+        op: &Op,
+        shape: Shape,
+        dtype: DType,
+        send: u64,
+        recv: u64,
+    ) -> Result<Vec<Call>, CommError> {
+        let (n, rank, width) = (self.size(), self.rank, dtype.size() as u64);
+        let at = |base: u64, elements: usize| base + elements as u64 * width;
+        let (input, output) = match shape {
+            Shape::InPlace(len) => (len, len),
+            Shape::OutOfPlace { input, output } => (input, output),
+        };
+        let in_place = matches!(shape, Shape::InPlace(_));
+        let send_to = |buf, count, peer| Call::Send {
+            buf,
+            count,
+            dtype,
+            peer,
+        };
+        let recv_from = |buf, count, peer| Call::Recv {
+            buf,
+            count,
+            dtype,
+            peer,
+        };
+        Ok(match op {
+            Op::AllReduce(op) => vec![Call::AllReduce {
                 send,
                 recv,
-                count,
-                dtype: T::DTYPE,
-                op,
-            }]
-        })
-    }
-
-    /// Broadcast in place from `root`.
-    pub fn broadcast<T: Element>(
-        &self,
-        buf: DeviceBuffer<T>,
-        root: usize,
-    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.check_root(root)?;
-        self.one_buffer(buf, |p, count| {
-            [Call::Broadcast {
-                send: p,
-                recv: p,
-                count,
-                dtype: T::DTYPE,
-                root,
-            }]
-        })
-    }
-
-    /// Reduce in place to `root` (other ranks' buffers are left unchanged).
-    pub fn reduce<T: Element>(
-        &self,
-        buf: DeviceBuffer<T>,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.check_root(root)?;
-        self.one_buffer(buf, |p, count| {
-            [Call::Reduce {
-                send: p,
-                recv: p,
-                count,
-                dtype: T::DTYPE,
-                op,
-                root,
-            }]
-        })
-    }
-
-    /// All-gather: `output` (`size() * input.len()`) receives every rank's `input` in rank order.
-    pub fn all_gather_into<T: Element>(
-        &self,
-        input: DeviceBuffer<T>,
-        output: DeviceBuffer<T>,
-    ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
-        self.check_len("all_gather output", output.len(), input.len() * self.size())?;
-        let count = input.len();
-        self.two_buffers(input, output, |send, recv| {
-            [Call::AllGather {
+                count: input,
+                dtype,
+                op: *op,
+            }],
+            Op::Broadcast { root } => vec![Call::Broadcast {
                 send,
                 recv,
-                count,
-                dtype: T::DTYPE,
-            }]
-        })
-    }
-
-    /// Reduce-scatter: `input` holds `size()` blocks of `output.len()`; `output` receives the reduction of every
-    /// rank's block `rank()`.
-    pub fn reduce_scatter_into<T: Element>(
-        &self,
-        input: DeviceBuffer<T>,
-        output: DeviceBuffer<T>,
-        op: ReduceOp,
-    ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
-        self.check_len(
-            "reduce_scatter input",
-            input.len(),
-            output.len() * self.size(),
-        )?;
-        let count = output.len();
-        self.two_buffers(input, output, |send, recv| {
-            [Call::ReduceScatter {
+                count: output,
+                dtype,
+                root: *root,
+            }],
+            Op::Reduce { op, root } => vec![Call::Reduce {
                 send,
                 recv,
-                count,
-                dtype: T::DTYPE,
-                op,
-            }]
-        })
-    }
-
-    /// All-to-all with equal blocks, as one NCCL group of sends and receives (works on every NCCL with
-    /// send/recv, not only 2.28's `ncclAlltoAll`).
-    pub fn all_to_all_into<T: Element>(
-        &self,
-        input: DeviceBuffer<T>,
-        output: DeviceBuffer<T>,
-    ) -> Result<DeviceWork<DeviceInOut<T>>, CommError> {
-        self.check_len("all_to_all output", output.len(), input.len())?;
-        let n = self.size();
-        if input.len() % n != 0 {
-            return Err(self.invalid(format!(
-                "all_to_all input has {} elements, not a multiple of {n} ranks",
-                input.len()
-            )));
-        }
-        let block = input.len() / n;
-        let bytes = (block * T::DTYPE.size()) as u64;
-        self.two_buffers(input, output, |s, r| {
-            (0..n)
-                .flat_map(|peer| {
-                    let off = peer as u64 * bytes;
-                    [
-                        Call::Send {
-                            buf: s + off,
-                            count: block,
-                            dtype: T::DTYPE,
-                            peer,
-                        },
-                        Call::Recv {
-                            buf: r + off,
-                            count: block,
-                            dtype: T::DTYPE,
-                            peer,
-                        },
-                    ]
-                })
-                .collect::<Vec<Call>>()
-        })
-    }
-
-    /// Sends `buf` to `peer` (another rank; NCCL matches sends and receives between two ranks by order, and an
-    /// ungrouped send waits until the peer receives).
-    pub fn send<T: Element>(
-        &self,
-        buf: DeviceBuffer<T>,
-        peer: usize,
-    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.check_peer(peer)?;
-        self.one_buffer(buf, |p, count| {
-            [Call::Send {
-                buf: p,
-                count,
-                dtype: T::DTYPE,
-                peer,
-            }]
-        })
-    }
-
-    /// Receives into `buf` from `peer`.
-    pub fn recv<T: Element>(
-        &self,
-        buf: DeviceBuffer<T>,
-        peer: usize,
-    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
-        self.check_peer(peer)?;
-        self.one_buffer(buf, |p, count| {
-            [Call::Recv {
-                buf: p,
-                count,
-                dtype: T::DTYPE,
-                peer,
-            }]
+                count: input,
+                dtype,
+                op: *op,
+                root: *root,
+            }],
+            // In place, NCCL reads this rank's block where the output keeps it.
+            Op::AllGather => {
+                let count = if in_place { output / n } else { input };
+                let from = if in_place {
+                    at(recv, rank * count)
+                } else {
+                    send
+                };
+                vec![Call::AllGather {
+                    send: from,
+                    recv,
+                    count,
+                    dtype,
+                }]
+            }
+            // In place, NCCL writes this rank's result into its own block of the input.
+            Op::ReduceScatter(op) => {
+                let count = if in_place { input / n } else { output };
+                let to = if in_place {
+                    at(send, rank * count)
+                } else {
+                    recv
+                };
+                vec![Call::ReduceScatter {
+                    send,
+                    recv: to,
+                    count,
+                    dtype,
+                    op: *op,
+                }]
+            }
+            Op::AllToAll if in_place => {
+                return Err(self.invalid(
+                    "all_to_all in place is not available on a device buffer: NCCL's sends and receives \
+                     cannot share one buffer; use all_to_all_into with a separate output"
+                        .into(),
+                ));
+            }
+            // One group of sends and receives: works on every NCCL with point-to-point, not only 2.28's
+            // ncclAlltoAll.
+            Op::AllToAll => {
+                let block = input / n;
+                (0..n)
+                    .flat_map(|peer| {
+                        [
+                            send_to(at(send, peer * block), block, peer),
+                            recv_from(at(recv, peer * block), block, peer),
+                        ]
+                    })
+                    .collect()
+            }
+            Op::AllToAllV {
+                send_counts,
+                recv_counts,
+            } => {
+                let offsets = |counts: &[usize]| {
+                    counts
+                        .iter()
+                        .scan(0, |next, &c| {
+                            let at = *next;
+                            *next += c;
+                            Some(at)
+                        })
+                        .collect::<Vec<usize>>()
+                };
+                let (sends, recvs) = (offsets(send_counts), offsets(recv_counts));
+                let mut calls = Vec::with_capacity(2 * n);
+                for peer in 0..n {
+                    if send_counts[peer] > 0 {
+                        calls.push(send_to(at(send, sends[peer]), send_counts[peer], peer));
+                    }
+                    if recv_counts[peer] > 0 {
+                        calls.push(recv_from(at(recv, recvs[peer]), recv_counts[peer], peer));
+                    }
+                }
+                calls
+            }
+            // Point-to-point in one group (NCCL sends to itself within a group), so it runs on NCCL versions
+            // without ncclGather.
+            Op::Gather { root } => {
+                let mut calls = vec![send_to(send, input, *root)];
+                if rank == *root {
+                    calls.extend((0..n).map(|r| recv_from(at(recv, r * input), input, r)));
+                }
+                calls
+            }
+            Op::Scatter { root } => {
+                let mut calls = Vec::with_capacity(n + 1);
+                if rank == *root {
+                    calls.extend((0..n).map(|r| send_to(at(send, r * output), output, r)));
+                }
+                calls.push(recv_from(recv, output, *root));
+                calls
+            }
+            Op::Send { peer, tag } | Op::Recv { peer, tag } if *tag != 0 => {
+                return Err(self.invalid(format!(
+                    "{} with tag {tag} on a device buffer: NCCL matches messages by order and has no tags; \
+                     pass tag 0 to {} peer {peer}",
+                    op.name(),
+                    op.name()
+                )));
+            }
+            Op::Send { peer, .. } => vec![send_to(send, input, *peer)],
+            Op::Recv { peer, .. } => vec![recv_from(recv, output, *peer)],
         })
     }
 }

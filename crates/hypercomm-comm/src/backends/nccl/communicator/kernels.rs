@@ -5,10 +5,10 @@ use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::super::gpu::{DeviceBuffer, cuda_err};
 use super::super::raw::Call;
-use super::{DeviceCommunicator, DeviceWork};
-use crate::CommError;
+use super::DeviceCommunicator;
 use crate::element::{Element, ReduceOp};
 use crate::strided::StridedLayout;
+use crate::{CommError, Work};
 
 impl DeviceCommunicator {
     /// All-reduce in place over the elements of `view` in `buf`. A contiguous view runs directly on its part of
@@ -19,7 +19,7 @@ impl DeviceCommunicator {
         mut buf: DeviceBuffer<T>,
         view: StridedLayout,
         op: ReduceOp,
-    ) -> Result<DeviceWork<DeviceBuffer<T>>, CommError> {
+    ) -> Result<Work<DeviceBuffer<T>>, CommError> {
         self.check_device("buffer", &buf)?;
         view.check_fits(buf.len())
             .map_err(|what| self.invalid(what))?;
@@ -33,7 +33,9 @@ impl DeviceCommunicator {
         };
         if view.is_contiguous() {
             let offset = (view.offset() * width) as u64;
-            return self.one_buffer(buf, |p, _| [reduce(p + offset)]);
+            return self
+                .one_buffer(buf, |p, _| Ok([reduce(p + offset)]))
+                .map(Work::from);
         }
         let kernels = self.gpu.kernels()?;
         let mut staging = self.gpu.alloc_zeros::<u8>(view.len() * width)?;
@@ -80,7 +82,7 @@ impl DeviceCommunicator {
             unsafe { launch.launch(cfg) }
                 .map_err(cuda_err(&self.options.name, "launching unpack"))?;
         }
-        self.finish(buf, vec![staging])
+        self.finish(buf, vec![staging]).map(Work::from)
     }
 
     /// Fills `buf` with the pattern `a * (i % 61) + b` on this communicator's stream (NVRTC kernel).

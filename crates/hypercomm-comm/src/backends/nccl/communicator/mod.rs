@@ -1,10 +1,14 @@
-//! [`DeviceCommunicator`]: collectives on device memory through NCCL, and [`DeviceWork`], their handles.
+//! [`DeviceCommunicator`]: the NCCL flavor of a [`Communicator`](crate::Communicator), which owns it and runs
+//! every operation on a device buffer through it.
 //!
-//! Buffers move into an operation and come back from its handle, as on the host face. The handle holds a CUDA
-//! event (from the [`Gpu`]'s pool) recorded on the communicator's stream after the operation:
-//! [`DeviceWork::wait`] makes another stream wait on it without blocking the CPU; [`DeviceWork::synchronize`]
-//! blocks the CPU until it completes, polling NCCL for asynchronous errors, and aborts the communicator when the
-//! timeout passes (every other pending handle then fails too).
+//! Buffers move into an operation and come back from its handle, as on the host. The handle ([`DeviceWork`],
+//! inside the public [`Work`](crate::Work)) holds a CUDA event (from the [`Gpu`]'s pool) recorded on the
+//! communicator's stream after the operation: `wait_on(stream)` makes another stream wait on it without blocking
+//! the CPU; `wait()` blocks the CPU until it completes, polling NCCL for asynchronous errors, and aborts the
+//! communicator when the timeout passes (every other pending handle then fails too).
+//!
+//! Users reach it through [`Communicator::nccl`](crate::Communicator::nccl) for what only NCCL has: its stream,
+//! a health check, the strided all-reduce and the pattern kernels the GPU tests use.
 
 use std::sync::Arc;
 
@@ -20,10 +24,8 @@ use crate::CommError;
 use crate::element::Element;
 use crate::options::CommOptions;
 
-/// A communicator whose collectives run on one GPU through NCCL.
+/// The NCCL flavor of a communicator: one NCCL communicator on one GPU, and the stream its operations run on.
 pub struct DeviceCommunicator {
-    /// Splits and shrinks made so far, numbering the children's names as the host communicator does.
-    children: std::sync::atomic::AtomicUsize,
     gpu: Arc<Gpu>,
     comm: Arc<NcclComm>,
     stream: Arc<CudaStream>,
@@ -46,10 +48,7 @@ mod collectives;
 mod kernels;
 mod work;
 
-pub use work::DeviceWork;
-
-/// What an out-of-place device operation gives back: `(input, output)`.
-pub type DeviceInOut<T> = (DeviceBuffer<T>, DeviceBuffer<T>);
+pub(crate) use work::DeviceWork;
 
 impl DeviceCommunicator {
     /// Joins communicator `options.name` over `ranks` as member `me`, on `gpu`. Rank 0 makes the NCCL unique id
@@ -58,7 +57,7 @@ impl DeviceCommunicator {
     /// With `options.failure_domain` set, the communicator (and every split or shrink made from it with those
     /// options) is a member of that domain: another member's failure aborts it, and its own fatal failure is
     /// recorded there and aborts the other members.
-    pub fn new(
+    pub(crate) fn new(
         gpu: Arc<Gpu>,
         store: Arc<dyn Store>,
         ranks: Vec<usize>,
@@ -102,7 +101,6 @@ impl DeviceCommunicator {
             domain.register(&comm);
         }
         Ok(DeviceCommunicator {
-            children: std::sync::atomic::AtomicUsize::new(0),
             gpu,
             comm,
             stream,
@@ -115,7 +113,11 @@ impl DeviceCommunicator {
     /// This communicator with its member list given as `members` (for instance the global ranks of a split
     /// child, whose NCCL ranks are positions). `me` is this process's entry: it must be `members[self.rank()]`,
     /// and `members` must have one entry per rank, with no repeats.
-    pub fn with_members(mut self, members: Vec<usize>, me: usize) -> Result<Self, CommError> {
+    pub(crate) fn with_members(
+        mut self,
+        members: Vec<usize>,
+        me: usize,
+    ) -> Result<Self, CommError> {
         if members.len() != self.size() || members.get(self.rank) != Some(&me) {
             return Err(self.invalid(format!(
                 "member list {members:?} does not fit a {}-rank communicator where rank {me} is rank {}",
@@ -143,11 +145,6 @@ impl DeviceCommunicator {
             options.timeout,
             settings.non_blocking(),
         )
-    }
-
-    fn next_child(&self) -> usize {
-        self.children
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// This rank's rank in the communicator.
@@ -207,32 +204,8 @@ impl DeviceCommunicator {
     }
 
     /// Splits with `ncclCommSplit`, NCCL's semantics: equal `color`s form a child ordered by `key`, then rank;
-    /// `None` joins nothing. Collective over this communicator. The child's name is
-    /// `<parent>/split<n>/color<c>`, `n` counting this communicator's splits and shrinks from 0 (as on the host),
-    /// so two splits never share a name; use [`split_with`](Self::split_with) for other options.
-    pub fn split(
-        &self,
-        color: Option<u32>,
-        key: i64,
-    ) -> Result<Option<DeviceCommunicator>, CommError> {
-        let n = self.next_child();
-        let name = format!(
-            "{}/split{n}/color{}",
-            self.options.name,
-            color.map_or("none".to_owned(), |c| c.to_string())
-        );
-        self.split_with(
-            color,
-            key,
-            CommOptions {
-                name,
-                ..self.options.clone()
-            },
-        )
-    }
-
-    /// [`split`](Self::split) with the child's options (its `ncclConfig_t`).
-    pub fn split_with(
+    /// `None` joins nothing. Collective over this communicator. `options` are the child's (its `ncclConfig_t`).
+    pub(crate) fn split_with(
         &self,
         color: Option<u32>,
         key: i64,
@@ -279,72 +252,6 @@ impl DeviceCommunicator {
         .map(Some)
     }
 
-    /// A communicator without the ranks in `exclude` (positions in this communicator), with `ncclCommShrink`
-    /// (NCCL 2.27 or newer; older is [`CommError::Unavailable`]). With `abort_first`, in-flight work is aborted
-    /// first, for shrinking after a failure. Collective over the remaining ranks, which pass the same list; an
-    /// excluded rank does not call it.
-    ///
-    /// Excluding nobody gives a copy over the same ranks in the same order, as on the host (NCCL itself refuses
-    /// an empty list, so that copy is made with `ncclCommSplit`); with `abort_first` an empty list is an error,
-    /// since shrinking after a failure means excluding the ranks that failed.
-    pub fn shrink(
-        &self,
-        exclude: &[usize],
-        abort_first: bool,
-    ) -> Result<DeviceCommunicator, CommError> {
-        let nccl = self.gpu.runtime().nccl();
-        nccl.require(nccl_sys::Function::CommShrink)
-            .map_err(|e| CommError::Unavailable {
-                what: "ncclCommShrink".into(),
-                why: e.to_string(),
-            })?;
-        crate::checks::exclusions(&self.options.name, self.size(), self.rank, exclude)?;
-        let options = CommOptions {
-            name: format!("{}/shrink{}", self.options.name, self.next_child()),
-            ..self.options.clone()
-        };
-        if exclude.is_empty() {
-            if abort_first {
-                return Err(self.invalid(
-                    "shrink with abort_first excludes nobody; shrinking after a failure needs the failed ranks"
-                        .into(),
-                ));
-            }
-            // One color, keyed by the current rank: every rank, in the same order.
-            let me = self.ranks[self.rank];
-            let copy = self
-                .split_with(Some(0), self.rank as i64, options)?
-                .ok_or_else(|| {
-                    self.comm.error_text(
-                        "ncclCommSplit",
-                        "a split with one color gave no child".into(),
-                    )
-                })?;
-            return copy.with_members(self.ranks.clone(), me);
-        }
-        let settings = translate(&options, nccl.version())?;
-        let mut slot = self.comm.with_handle(|parent| {
-            raw::shrink(nccl, parent, exclude, &settings, abort_first)
-                .map_err(|e| self.comm.error("ncclCommShrink", e))
-        })?;
-        // As for split: the child is written when the shrink completes on the parent, whatever the call answered.
-        self.comm.wait_ready("shrinking")?;
-        slot.settle();
-        let handle = slot.child().ok_or_else(|| {
-            self.comm.error_text(
-                "ncclCommShrink",
-                "the shrink completed without a child communicator".into(),
-            )
-        })?;
-        let child = self.adopt_child(handle, &options, &settings)?;
-        let ranks: Vec<usize> = (0..self.size())
-            .filter(|r| !exclude.contains(r))
-            .map(|r| self.ranks[r])
-            .collect();
-        let rank = child.user_rank()?;
-        Self::assemble(Arc::clone(&self.gpu), child, settings, options, ranks, rank)
-    }
-
     fn invalid(&self, what: String) -> CommError {
         crate::checks::invalid(&self.options.name, what)
     }
@@ -358,18 +265,6 @@ impl DeviceCommunicator {
             )));
         }
         Ok(())
-    }
-
-    fn check_root(&self, root: usize) -> Result<(), CommError> {
-        crate::checks::root(&self.options.name, self.size(), root)
-    }
-
-    fn check_peer(&self, peer: usize) -> Result<(), CommError> {
-        crate::checks::peer(&self.options.name, self.size(), self.rank, peer)
-    }
-
-    fn check_len(&self, what: &str, got: usize, expected: usize) -> Result<(), CommError> {
-        crate::checks::len(&self.options.name, what, got, expected)
     }
 }
 

@@ -1,17 +1,18 @@
-//! [`DeviceWork`]: the handle of a device operation, holding its buffers until the operation is ordered
-//! ([`DeviceWork::wait`] on a stream) or done ([`DeviceWork::synchronize`]).
+//! [`DeviceWork`]: the NCCL flavor's handle of an operation, holding its buffers until the operation is ordered
+//! ([`DeviceWork::wait`] on a stream) or done ([`DeviceWork::synchronize`]). The public [`Work`](crate::Work)
+//! wraps it.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
-use super::super::comm::NcclComm;
+use super::super::comm::{Backoff, NcclComm};
 use super::super::gpu::{DeviceBuffer, Gpu, cuda_err};
 use crate::CommError;
 
 /// The pending result of a device operation: the buffers it took, once the operation is ordered or done.
-#[must_use = "an operation's buffers come back only through wait() or synchronize()"]
-pub struct DeviceWork<R> {
+pub(crate) struct DeviceWork<R> {
     pub(super) value: Option<R>,
     pub(super) event: Option<CudaEvent>,
     /// The stream the operation was enqueued on.
@@ -26,7 +27,7 @@ impl<R> DeviceWork<R> {
     /// Makes `stream` wait for the operation (no CPU block) and gives the buffers back. Work enqueued on
     /// `stream` afterwards sees the result. On the communicator's own stream this costs nothing: the stream
     /// already runs in order.
-    pub fn wait(mut self, stream: &CudaStream) -> Result<R, CommError> {
+    pub(crate) fn wait(mut self, stream: &CudaStream) -> Result<R, CommError> {
         self.fail_if_broken()?;
         if stream.cu_stream() == self.stream.cu_stream() {
             return self.take();
@@ -42,7 +43,7 @@ impl<R> DeviceWork<R> {
 
     /// Blocks the CPU until the operation completes (or the communicator's timeout passes, which aborts it) and
     /// gives the buffers back.
-    pub fn synchronize(mut self) -> Result<R, CommError> {
+    pub(crate) fn synchronize(mut self) -> Result<R, CommError> {
         match &self.event {
             Some(e) => self.comm.wait_event(e, "waiting for an operation")?,
             None => {
@@ -54,8 +55,27 @@ impl<R> DeviceWork<R> {
     }
 
     /// Whether the operation has finished on the device. Never blocks.
-    pub fn is_completed(&self) -> bool {
+    pub(crate) fn is_completed(&self) -> bool {
         self.event.as_ref().is_none_or(|e| e.is_complete())
+    }
+
+    /// Waits up to `timeout` for the operation to finish on the device; says whether it has.
+    pub(crate) fn wait_timeout(&self, timeout: Duration) -> bool {
+        let Some(event) = &self.event else {
+            return true;
+        };
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Backoff::new(Duration::from_micros(200));
+        // Bounded by the deadline.
+        loop {
+            if event.is_complete() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            backoff.pause();
+        }
     }
 
     fn fail_if_broken(&self) -> Result<(), CommError> {

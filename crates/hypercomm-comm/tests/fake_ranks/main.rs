@@ -1,0 +1,129 @@
+//! Communicators with a GPU and several ranks, under `fake-gpu` (see `fake_support`): ranks as threads of one
+//! child process (one fake device each) and as processes meeting through a TCP store. Every operation goes
+//! through the one [`Communicator`] face with device buffers, so it runs on the NCCL flavor. The fake exchanges
+//! and reduces real data, runs streams asynchronously, creates communicators asynchronously and writes split
+//! children late, as NCCL does; these tests are the CI half of what `tests/gpu` checks on a GPU.
+//!
+//! The suites below start the `#[ignore]`d `fake_*` tests of the modules, each by its full name:
+//! - [`collectives`]: every type and reduction, every collective's data, the operations the device gained;
+//! - [`splits`]: a non-blocking split and shrink giving working children;
+//! - [`streams`]: results ordered without a CPU wait, twin communicators on their own streams;
+//! - [`failures`]: timeouts, aborts and asynchronous errors, reported rather than hung;
+//! - [`placement`]: two ranks on one device (NCCL 2.30), ranks as processes.
+
+#[path = "../device_checks/mod.rs"]
+mod device_checks;
+#[path = "../fake_support/mod.rs"]
+mod fake_support;
+
+mod collectives;
+mod failures;
+mod placement;
+mod splits;
+mod streams;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hypercomm_comm::device::Gpu;
+use hypercomm_comm::{CommOptions, Communicator};
+use hypercomm_store::{ServerOptions, Store, TcpStore};
+
+use fake_support::{FakeDir, pass_under_fake, require_pass, spawn_under_fake};
+
+const DEVICES: &str = "FAKE_GPU_DEVICES";
+
+fn options(name: &str, timeout: Duration) -> CommOptions {
+    CommOptions {
+        timeout,
+        ..CommOptions::named(name)
+    }
+}
+
+/// Rank `rank` of the communicator `name` over ranks `0..n`, with `gpu`.
+fn join(gpu: &Arc<Gpu>, store: &Arc<dyn Store>, n: usize, rank: usize, name: &str) -> Communicator {
+    Communicator::with_gpu(
+        Arc::clone(gpu),
+        Arc::clone(store),
+        (0..n).collect(),
+        rank,
+        options(name, Duration::from_secs(30)),
+    )
+    .unwrap()
+}
+
+#[test]
+fn suite_ranks_as_threads() {
+    for name in [
+        "collectives::fake_every_type_and_reduction_over_three_ranks",
+        "collectives::fake_every_collective_moves_real_data",
+        "collectives::fake_out_of_place_all_reduce_broadcast_and_reduce_on_device",
+        "collectives::fake_in_place_all_gather_and_reduce_scatter_on_device",
+        "collectives::fake_all_to_all_v_on_device_with_zero_counts",
+        "collectives::fake_gather_and_scatter_on_device_from_every_root",
+        "collectives::fake_what_nccl_cannot_run_is_refused_with_the_reason",
+        "splits::fake_nonblocking_split_and_shrink_give_working_children",
+        "streams::fake_results_are_ordered_without_a_cpu_wait",
+        "streams::fake_all_gather_and_reduce_scatter_overlap_on_twin_communicators",
+    ] {
+        pass_under_fake(name, &[(DEVICES, "3")]);
+    }
+    pass_under_fake(
+        "streams::fake_opposite_first_operations_on_twins_pass_when_connected_at_creation",
+        &[(DEVICES, "2"), ("NCCL_RUNTIME_CONNECT", "0")],
+    );
+}
+
+#[test]
+fn suite_failures_are_reported_not_hung() {
+    for name in [
+        "failures::fake_a_rank_that_never_joins_is_a_timeout",
+        "failures::fake_a_rank_that_never_calls_is_a_timeout_that_aborts",
+        "streams::fake_opposite_first_operations_on_twins_time_out",
+        "failures::fake_two_ranks_on_one_device_need_nccl_2_30",
+    ] {
+        pass_under_fake(name, &[(DEVICES, "2"), ("FAKE_NCCL_TIMEOUT_SECS", "30")]);
+    }
+    pass_under_fake(
+        "failures::fake_an_asynchronous_error_breaks_the_communicator",
+        &[("FAKE_NCCL_FAIL_AFTER", "2")],
+    );
+}
+
+#[test]
+fn suite_two_ranks_on_one_device_with_nccl_2_30() {
+    let env = [
+        ("FAKE_NCCL_VERSION", "23007"),
+        ("NCCL_MULTI_RANK_GPU_ENABLE", "1"),
+    ];
+    pass_under_fake(
+        "placement::fake_two_ranks_share_a_device_when_allowed",
+        &env,
+    );
+    pass_under_fake(
+        "placement::fake_bench_two_ranks_counts_calls_in_progress",
+        &env,
+    );
+}
+
+#[test]
+fn suite_ranks_as_processes() {
+    let name = "placement::fake_one_rank_of_two_processes";
+    let server = TcpStore::server("127.0.0.1:0", ServerOptions::default()).unwrap();
+    let addr = server.local_addr().to_string();
+    let dir = FakeDir::new("processes");
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            let r = rank.to_string();
+            spawn_under_fake(
+                &dir,
+                name,
+                &[(DEVICES, "2"), ("HC_RANK", &r), ("HC_ADDR", &addr)],
+            )
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        require_pass(name, &out);
+    }
+}

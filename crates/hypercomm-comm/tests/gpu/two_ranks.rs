@@ -1,0 +1,190 @@
+//! Two ranks as threads, on two GPUs or on one GPU twice (NCCL 2.30 with `NCCL_MULTI_RANK_GPU_ENABLE=1`): every
+//! collective with checked values, the operations the device gained, twin communicators overlapping, a
+//! non-blocking split, and a rank that never calls.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hypercomm_comm::{CommError, CommOptions, Communicator, NcclOptions, ReduceOp};
+
+use crate::device_checks::{self, Counts};
+use crate::fake_support::nccl;
+use crate::{on_two_ranks, pair};
+
+#[test]
+fn two_ranks_run_every_collective() {
+    on_two_ranks("two ranks", |r, gpu, store| {
+        let comm = pair(&gpu, &store, r, "pair");
+        let m = 1000usize;
+        let value = |x: usize| x as f32;
+        let up = |v: Vec<f32>| gpu.upload(&v).unwrap();
+        // all_reduce: (i % 61) + r summed over both ranks.
+        let buf = up((0..m).map(|i| value(i % 61 + r)).collect());
+        let buf = comm.all_reduce(buf, ReduceOp::Sum).unwrap().wait().unwrap();
+        let want: Vec<f32> = (0..m).map(|i| value(2 * (i % 61) + 1)).collect();
+        assert_eq!(buf.download().unwrap(), want, "all_reduce on rank {r}");
+        // broadcast from rank 1.
+        let buf = up((0..m).map(|i| value(i + 7 * r)).collect());
+        let buf = comm.broadcast(buf, 1).unwrap().wait().unwrap();
+        let want: Vec<f32> = (0..m).map(|i| value(i + 7)).collect();
+        assert_eq!(buf.download().unwrap(), want, "broadcast on rank {r}");
+        // all_gather: rank p contributes p * 1000 + i.
+        let input = up((0..m).map(|i| value(r * 1000 + i)).collect());
+        let output = gpu.alloc_zeros::<f32>(2 * m).unwrap();
+        let (_, out) = comm.all_gather_into(input, output).unwrap().wait().unwrap();
+        let want: Vec<f32> = (0..2 * m).map(|j| value((j / m) * 1000 + j % m)).collect();
+        assert_eq!(out.download().unwrap(), want, "all_gather on rank {r}");
+        // reduce_scatter: block b of rank p holds p + 10 * b + i; rank r receives block r summed.
+        let input = up((0..2 * m)
+            .map(|j| value(r + 10 * (j / m) + j % m))
+            .collect());
+        let output = gpu.alloc_zeros::<f32>(m).unwrap();
+        let (_, out) = comm
+            .reduce_scatter_into(input, output, ReduceOp::Sum)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let want: Vec<f32> = (0..m).map(|i| value(1 + 2 * (10 * r + i))).collect();
+        assert_eq!(out.download().unwrap(), want, "reduce_scatter on rank {r}");
+        // all_to_all: block p of rank q holds 100 q + 10 p + i; rank r's block p comes from rank p.
+        let input = up((0..2 * m)
+            .map(|j| value(100 * r + 10 * (j / m) + j % m))
+            .collect());
+        let output = gpu.alloc_zeros::<f32>(2 * m).unwrap();
+        let (_, out) = comm.all_to_all_into(input, output).unwrap().wait().unwrap();
+        let want: Vec<f32> = (0..2 * m)
+            .map(|j| value(100 * (j / m) + 10 * r + j % m))
+            .collect();
+        assert_eq!(out.download().unwrap(), want, "all_to_all on rank {r}");
+        // send / recv: rank 0 sends its pattern to rank 1.
+        if r == 0 {
+            let buf = up((0..m).map(|i| value(3 * i)).collect());
+            let _ = comm.send(buf, 1, 0).unwrap().wait().unwrap();
+        } else {
+            let buf = gpu.alloc_zeros::<f32>(m).unwrap();
+            let buf = comm.recv(buf, 0, 0).unwrap().wait().unwrap();
+            let want: Vec<f32> = (0..m).map(|i| value(3 * i)).collect();
+            assert_eq!(buf.download().unwrap(), want, "recv on rank 1");
+        }
+    });
+}
+
+#[test]
+fn two_ranks_overlap_all_gather_and_reduce_scatter_on_twin_communicators() {
+    // As Megatron's dp_cp and dp_cp_ag: the ranks issue the two operations in opposite orders. On one
+    // communicator (one stream) that deadlocks; on twins each stream progresses on its own.
+    on_two_ranks("two-rank overlap", |rank, gpu, store| {
+        // Four NCCL kernels share the one GPU when both ranks run both twins at once, each with its own channels
+        // (one CTA each): NCCL's docs for several ranks per GPU warn that too many channels exhaust the SMs and
+        // hang, and advise fewer CTAs. Without a bound this test hung on an H100 with NCCL 2.30.7 (2026-11-23).
+        let few = |name: &str| -> Communicator {
+            Communicator::with_gpu(
+                Arc::clone(&gpu),
+                Arc::clone(&store),
+                vec![0, 1],
+                rank,
+                CommOptions {
+                    timeout: Duration::from_secs(60),
+                    nccl: NcclOptions {
+                        max_ctas: Some(8),
+                        ..Default::default()
+                    },
+                    ..CommOptions::named(name)
+                },
+            )
+            .unwrap()
+        };
+        let dp = few("dp_cp");
+        let ag = few("dp_cp_ag");
+        device_checks::twins_overlap_in_opposite_orders(&gpu, &ag, &dp, 1 << 20, 10);
+    });
+}
+
+#[test]
+fn two_ranks_run_every_operation_the_device_gained() {
+    // What ran only on the host before the one face: the out-of-place all-reduce, broadcast and reduce, the
+    // in-place all-gather and reduce-scatter, all_to_all_v (zero counts included), gather and scatter (grouped
+    // sends and receives); and what NCCL cannot run is refused before NCCL sees it. The checks are shared with
+    // `tests/fake_ranks` (`device_checks`); here on one communicator, one after the other, with 1000-element blocks.
+    // all_to_all_v: round 0 sends nothing to oneself, different counts each way; in round 1 rank 1 sends nothing
+    // (an empty input) and rank 0 sends to itself too; round 2 sends nothing at all.
+    let rounds: [Counts; 3] = [
+        |s, d| if s == d { 0 } else { 500 * (1 + s) },
+        |s, d| if s == 1 { 0 } else { 300 * (1 + d) },
+        |_, _| 0,
+    ];
+    on_two_ranks("two-rank device operations", |rank, gpu, store| {
+        let comm = pair(&gpu, &store, rank, "gained");
+        let m = 1000;
+        device_checks::out_of_place_all_reduce_broadcast_and_reduce(&comm, &gpu, m);
+        device_checks::in_place_all_gather_and_reduce_scatter(&comm, &gpu, m);
+        device_checks::all_to_all_v_with_zero_counts(&comm, &gpu, &rounds);
+        device_checks::gather_and_scatter_from_every_root(&comm, &gpu, m);
+        device_checks::refusals(&comm, &gpu, &store, m);
+    });
+}
+
+#[test]
+fn two_ranks_split_a_nonblocking_communicator() {
+    on_two_ranks("two-rank split", |rank, gpu, store| {
+        let parent = pair(&gpu, &store, rank, "parent");
+        // Both ranks in one child, the order reversed by key.
+        let child = parent
+            .split(Some(1), -(rank as i64))
+            .unwrap()
+            .expect("color 1");
+        assert_eq!((child.size(), child.rank()), (2, 1 - rank));
+        assert_eq!(
+            (child.name(), child.ranks()),
+            ("parent/split0/color1", &[1, 0][..])
+        );
+        let device = nccl(&child);
+        assert_eq!(device.name(), "parent/split0/color1/device");
+        assert_eq!((device.ranks(), device.rank()), (&[1, 0][..], 1 - rank));
+        let (_, all) = child
+            .all_gather_into(
+                gpu.upload(&[rank as u32]).unwrap(),
+                gpu.alloc_zeros(2).unwrap(),
+            )
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(all.download().unwrap(), [1, 0]);
+    });
+}
+
+#[test]
+fn two_ranks_one_that_never_calls_is_a_timeout_that_aborts() {
+    on_two_ranks("two-rank timeout", |rank, gpu, store| {
+        let comm = Communicator::with_gpu(
+            Arc::clone(&gpu),
+            store,
+            vec![0, 1],
+            rank,
+            CommOptions {
+                timeout: Duration::from_secs(5),
+                ..CommOptions::named("stuck")
+            },
+        )
+        .unwrap();
+        if rank == 0 {
+            let started = Instant::now();
+            // The timeout may come from the enqueue itself: NCCL connects the peers on a communicator's first
+            // collective, and a non-blocking enqueue stays in progress until rank 1 arrives, which it never does.
+            let e = comm
+                .all_reduce(gpu.upload(&[1.0f32; 1024]).unwrap(), ReduceOp::Sum)
+                .and_then(|w| w.wait())
+                .map(|_| ())
+                .expect_err("rank 1 never calls");
+            eprintln!("two-rank timeout: {e} after {:?}", started.elapsed());
+            assert!(matches!(e, CommError::Timeout { .. }), "{e}");
+            assert!(nccl(&comm).broken().is_some());
+            assert!(
+                comm.broken().is_some(),
+                "the failure domain broke the face too"
+            );
+        }
+        // Rank 1 keeps its communicator until rank 0 has given up, then drops it (rank 0's aborted).
+        std::thread::sleep(Duration::from_secs(if rank == 1 { 8 } else { 0 }));
+    });
+}
