@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use comm_support::checks::*;
-use hypercomm::comm::{CommError, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{CommError, CommOptions, Communicator, P2p, ReduceOp};
 use hypercomm::store::{ClientOptions, ServerOptions, TcpStore, TcpStoreServer};
 
 fn var(name: &str) -> String {
@@ -178,6 +178,34 @@ fn rank_process() {
             comm.abort();
             println!("rank {rank} saw: {text}");
         }
+        "ring" => {
+            // Every rank sends 64 MiB to the next and receives 64 MiB from the previous in one batch, with the
+            // parts in one order on even ranks and the other on odd ranks, then swapped: whatever the order, the
+            // batch completes (as separate blocking operations, each rank's send would wait on its neighbour's).
+            let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+            let len = 16 << 20; // u32s: 64 MiB
+            let pattern =
+                |from: usize, i: usize| (i as u32).wrapping_mul(2_654_435_761) ^ from as u32;
+            for round in 0..2 {
+                let mine: Vec<u32> = (0..len).map(|i| pattern(rank, i)).collect();
+                let send = P2p::send(mine, next);
+                let recv = P2p::recv(vec![0u32; len], prev);
+                let send_first = (rank + round) % 2 == 0;
+                let parts = if send_first {
+                    vec![send, recv]
+                } else {
+                    vec![recv, send]
+                };
+                let mut bufs = comm.batch(parts).unwrap().wait().unwrap();
+                let got = bufs.remove(usize::from(send_first));
+                let bad = (0..len).find(|&i| got[i] != pattern(prev, i));
+                assert_eq!(
+                    bad, None,
+                    "round {round}: first wrong element from rank {prev}"
+                );
+            }
+            println!("rank {rank} ok");
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -228,6 +256,15 @@ fn run_processes(role: &str, n: usize, tcp: bool) -> Vec<String> {
     }
     assert_eq!(shm_files_of(&pids), Vec::<String>::new());
     outputs
+}
+
+/// Four rank processes exchange 64 MiB around a ring in one batch each, in both orders of the parts, over shared
+/// memory and over TCP; every byte arrives.
+#[test]
+fn processes_exchange_64_mib_around_a_ring_in_one_batch() {
+    for tcp in [false, true] {
+        run_processes("ring", 4, tcp);
+    }
 }
 
 /// Processes on one host share one anonymous segment: every rank maps the same memfd (same inode), holds no

@@ -20,6 +20,24 @@ pub(crate) enum Io<'a> {
     OutOfPlace(&'a [u8], &'a mut [u8]),
 }
 
+/// What one part of a batch moves: bytes sent, or bytes received.
+pub(crate) enum Payload<'a> {
+    /// Sent to the part's peer.
+    Out(&'a [u8]),
+    /// Filled from the part's peer.
+    In(&'a mut [u8]),
+}
+
+/// One part of a batch of point-to-point messages.
+pub(crate) struct Part<'a> {
+    /// The other rank.
+    pub peer: usize,
+    /// The tag both sides name.
+    pub tag: u64,
+    /// The bytes.
+    pub payload: Payload<'a>,
+}
+
 /// The collectives that take symmetric buffers (see [`crate::symmetric`]), all in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SymmetricOp {
@@ -78,6 +96,10 @@ pub(crate) trait Backend: Send {
         peer: usize,
         tag: u64,
     ) -> Result<(), CommError>;
+    /// Every part at once: sends and receives to and from any peers progress together, so no order of the parts,
+    /// here or on the peers, makes one wait on another; returns when all are done. Parts with the same peer and
+    /// direction go in their order.
+    fn batch(&mut self, parts: &mut [Part<'_>], dtype: DType) -> Result<(), CommError>;
     fn barrier(&mut self) -> Result<(), CommError>;
     /// The in-place collective `op` over the symmetric buffers of `bytes` at byte `offset` of every rank's window
     /// (the windows [`symmetric_windows`](Self::symmetric_windows) returns, which must exist). Shapes as for the
@@ -140,6 +162,10 @@ pub(crate) fn execute(
         (Op::Scatter { root }, Io::OutOfPlace(input, output)) => {
             backend.scatter(input, output, dtype, *root)
         }
+        (Op::Batch(_), _) => Err(CommError::InvalidArgument {
+            comm: String::new(),
+            what: "a batch runs through Backend::batch, one buffer per part".into(),
+        }),
         // The face's checks refuse these in place; reaching here is a bug, reported rather than run.
         (op @ (Op::AllToAllV { .. } | Op::Gather { .. } | Op::Scatter { .. }), Io::InPlace(_)) => {
             Err(CommError::InvalidArgument {

@@ -4,7 +4,7 @@
 //! made by the type, at compile time: there is no wrapper enum to build and unwrap, and a collective gives back
 //! the type it was given. A communicator without a GPU refuses a device buffer with an error naming it.
 
-use crate::backend::{Io, execute};
+use crate::backend::{Io, Part, Payload, execute};
 use crate::backends::nccl::gpu::DeviceBuffer;
 use crate::communicator::Communicator;
 use crate::element::{Element, as_bytes, as_bytes_mut};
@@ -52,6 +52,12 @@ pub(crate) mod sealed {
             input: Self,
             output: Self,
         ) -> Result<Work<(Self, Self)>, CommError>;
+        /// Runs the batch `op` over `bufs`, one buffer per part, in the parts' order.
+        fn run_many(
+            comm: &Communicator,
+            op: Op,
+            bufs: Vec<Self>,
+        ) -> Result<Work<Vec<Self>>, CommError>;
     }
 }
 
@@ -93,6 +99,38 @@ impl<T: Element> sealed::Flavored for Vec<T> {
         })
         .map(Work::from)
     }
+
+    fn run_many(
+        comm: &Communicator,
+        op: Op,
+        mut bufs: Vec<Self>,
+    ) -> Result<Work<Vec<Self>>, CommError> {
+        let Op::Batch(messages) = op else {
+            return Err(crate::checks::invalid(
+                comm.name(),
+                format!("{} is not a batch", op.name()),
+            ));
+        };
+        comm.submit(move |b| {
+            let mut parts: Vec<Part<'_>> = bufs
+                .iter_mut()
+                .zip(&messages)
+                .map(|(buf, m)| Part {
+                    peer: m.peer,
+                    tag: m.tag,
+                    payload: if m.send {
+                        Payload::Out(as_bytes(buf))
+                    } else {
+                        Payload::In(as_bytes_mut(buf))
+                    },
+                })
+                .collect();
+            b.batch(&mut parts, T::DTYPE)?;
+            drop(parts);
+            Ok(bufs)
+        })
+        .map(Work::from)
+    }
 }
 
 impl<T: Element> Buffer for DeviceBuffer<T> {
@@ -131,6 +169,28 @@ impl<T: Element> sealed::Flavored for DeviceBuffer<T> {
             ));
         }
         nccl.launch_two(&op, input, output)
+    }
+
+    fn run_many(
+        comm: &Communicator,
+        op: Op,
+        bufs: Vec<Self>,
+    ) -> Result<Work<Vec<Self>>, CommError> {
+        // An empty batch moves nothing and names no device: done at once (after the host flavor's queue).
+        let Some(device) = bufs.first().map(DeviceBuffer::device) else {
+            return comm.submit(|_| Ok(Vec::new())).map(Work::from);
+        };
+        let nccl = comm.nccl_for(&op, device)?;
+        if let Some(other) = bufs.iter().find(|b| b.device() != device) {
+            return Err(crate::checks::invalid(
+                comm.name(),
+                format!(
+                    "batch parts live on devices {device} and {}: one batch runs on one device",
+                    other.device()
+                ),
+            ));
+        }
+        nccl.launch_many(&op, bufs)
     }
 }
 
@@ -189,6 +249,23 @@ mod tests {
             input.log.lock().unwrap().push((op, shape));
             let (work, done) = pair(comm.name());
             done.complete(Ok((input, output)));
+            Ok(work.into())
+        }
+
+        fn run_many(
+            comm: &Communicator,
+            op: Op,
+            bufs: Vec<Self>,
+        ) -> Result<Work<Vec<Self>>, CommError> {
+            if let Some(first) = bufs.first() {
+                first
+                    .log
+                    .lock()
+                    .unwrap()
+                    .push((op, Shape::Parts(bufs.len())));
+            }
+            let (work, done) = pair(comm.name());
+            done.complete(Ok(bufs));
             Ok(work.into())
         }
     }
@@ -280,6 +357,53 @@ mod tests {
                 (Op::Scatter { root: 0 }, two(1, 1)),
             ]
         );
+    }
+
+    #[test]
+    fn a_batch_hands_its_flavor_every_part_in_order() {
+        let store = Arc::new(MemoryStore::new());
+        let ranks: Vec<_> = (0..2)
+            .map(|me| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    let comm = Communicator::world(store, 2, me, CommOptions::named("probe2"))
+                        .expect("two-rank communicator");
+                    let log: Log = Arc::default();
+                    let b = |len| Recorded {
+                        len,
+                        log: Arc::clone(&log),
+                    };
+                    let peer = 1 - me;
+                    let parts = vec![
+                        crate::P2p::Send {
+                            buf: b(2),
+                            peer,
+                            tag: 4,
+                        },
+                        crate::P2p::recv(b(3), peer),
+                    ];
+                    let back = comm.batch(parts).unwrap().wait().unwrap();
+                    assert_eq!(back.iter().map(|r| r.len).collect::<Vec<_>>(), [2, 3]);
+                    log.lock().unwrap().clone()
+                })
+            })
+            .collect();
+        for (me, rank) in ranks.into_iter().enumerate() {
+            let peer = 1 - me;
+            let part = |send, tag, count| crate::op::Message {
+                send,
+                peer,
+                tag,
+                count,
+            };
+            assert_eq!(
+                rank.join().unwrap(),
+                [(
+                    Op::Batch(vec![part(true, 4, 2), part(false, 0, 3)]),
+                    Shape::Parts(2)
+                )]
+            );
+        }
     }
 
     #[test]

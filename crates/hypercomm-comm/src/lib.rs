@@ -51,6 +51,7 @@ pub mod symmetric;
 mod work;
 
 pub use buffer::{Buffer, Location};
+pub use communicator::batch::P2p;
 pub use communicator::splits::Splits;
 pub use communicator::{Communicator, InOut};
 pub use element::{DType, Element, ReduceOp, as_bytes, as_bytes_mut};

@@ -64,6 +64,22 @@ pub enum Op {
         /// Must equal the send's tag.
         tag: u64,
     },
+    /// Several sends and receives, one buffer each, that progress together and complete as a whole: no order of
+    /// the parts, on this rank or its peers, makes them wait on each other.
+    Batch(Vec<Message>),
+}
+
+/// One part of an [`Op::Batch`]: a send or a receive of `count` elements to or from `peer`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// Send (`true`) or receive.
+    pub send: bool,
+    /// The other rank.
+    pub peer: usize,
+    /// Matches a send to its receive (host flavor; NCCL has no tags and refuses any but 0).
+    pub tag: u64,
+    /// Elements of the part's buffer.
+    pub count: usize,
 }
 
 /// The lengths, in elements, of an operation's buffers.
@@ -78,6 +94,8 @@ pub enum Shape {
         /// Elements of the output.
         output: usize,
     },
+    /// One buffer per part of a batch, whose lengths the operation carries ([`Message::count`]).
+    Parts(usize),
 }
 
 /// What the checks need to know of the communicator: its name (for errors), its size and this rank.
@@ -106,6 +124,7 @@ impl Op {
             Op::Scatter { .. } => "scatter",
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
+            Op::Batch(_) => "batch",
         }
     }
 
@@ -197,6 +216,12 @@ impl Op {
             (Op::Send { peer, .. } | Op::Recv { peer, .. }, Shape::InPlace(_)) => {
                 checks::peer(comm, size, rank, *peer)
             }
+            (Op::Batch(messages), Shape::Parts(buffers)) => {
+                len("batch buffers", buffers, messages.len())?;
+                messages
+                    .iter()
+                    .try_for_each(|m| checks::peer(comm, size, rank, m.peer))
+            }
             (op, shape) => Err(checks::invalid(
                 comm,
                 format!(
@@ -205,6 +230,7 @@ impl Op {
                     match shape {
                         Shape::InPlace(_) => "one buffer in place",
                         Shape::OutOfPlace { .. } => "separate input and output buffers",
+                        Shape::Parts(_) => "a buffer per part",
                     }
                 ),
             )),

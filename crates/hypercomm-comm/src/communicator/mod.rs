@@ -17,6 +17,7 @@
 //! The queue and the progress thread are in `lane`; what runs a job on the host backend, in `engine`; the face's
 //! operations, in `collectives`; splits, in `splits`.
 
+pub(crate) mod batch;
 mod collectives;
 mod engine;
 mod lane;

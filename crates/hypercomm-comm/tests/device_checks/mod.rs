@@ -8,6 +8,7 @@
 //!   ([`in_place_all_gather_and_reduce_scatter`]); all_to_all_v with zero counts
 //!   ([`all_to_all_v_with_zero_counts`]); gather and scatter from every root
 //!   ([`gather_and_scatter_from_every_root`]); and what NCCL cannot run, refused with the reason ([`refusals`]).
+//! - A ring exchanged in one batch of sends and receives, in both orders ([`ring_in_one_batch`]).
 //! - Twin communicators overlapping on their own streams ([`twins_overlap_in_opposite_orders`]), and a rank that
 //!   never joins the NCCL flavor ([`a_rank_that_never_joins_the_device`]).
 //! - The small steps every device test repeats ([`done`], [`all_reduced`], [`refused`], [`on_device`]).
@@ -19,7 +20,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use hypercomm_comm::device::{DeviceBuffer, Gpu};
-use hypercomm_comm::{CommError, CommOptions, Communicator, Element, ReduceOp, Work};
+use hypercomm_comm::{CommError, CommOptions, Communicator, Element, P2p, ReduceOp, Work};
 use hypercomm_store::{MemoryStore, Store};
 
 /// `data` on `gpu`, or an empty buffer when `data` is empty (what a rank passes where an operation reads or writes
@@ -394,6 +395,66 @@ pub fn warm_up(gpu: &Arc<Gpu>, ag: &Communicator, dp: &Communicator) {
     )
     .and_then(|w| w.wait())
     .expect("warming up the reduce-scatter twin");
+}
+
+/// Pipeline and ring context parallelism's exchange on device buffers: every rank sends `len` u32s to the next
+/// rank and receives `len` from the previous in one batch (one NCCL group), with the parts in one order on even
+/// ranks and the other on odd ranks, then swapped; every element arrives. Then a batch with parts to several
+/// peers and zero-length parts, and a tagged part refused with the reason.
+pub fn ring_in_one_batch(comm: &Communicator, gpu: &Arc<Gpu>, len: usize) {
+    let (n, rank) = (comm.size(), comm.rank());
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let pattern = |from: usize, i: usize| (i as u32).wrapping_mul(2_654_435_761) ^ from as u32;
+    for round in 0..2 {
+        let mine: Vec<u32> = (0..len).map(|i| pattern(rank, i)).collect();
+        let send = P2p::send(on_device(gpu, &mine), next);
+        let recv = P2p::recv(gpu.alloc_zeros::<u32>(len).unwrap(), prev);
+        let send_first = (rank + round) % 2 == 0;
+        let parts = if send_first {
+            vec![send, recv]
+        } else {
+            vec![recv, send]
+        };
+        let mut bufs = done(comm.batch(parts));
+        let got = bufs.remove(usize::from(send_first)).download().unwrap();
+        let want: Vec<u32> = (0..len).map(|i| pattern(prev, i)).collect();
+        same(
+            &got,
+            &want,
+            format_args!("ring round {round}, rank {rank} from rank {prev}"),
+        );
+    }
+    // Every peer at once, an empty part with each, both directions in one group.
+    let mut parts = Vec::new();
+    for peer in (0..n).filter(|&p| p != rank) {
+        parts.push(P2p::send(
+            on_device(gpu, &[(rank * 10 + peer) as i64; 3]),
+            peer,
+        ));
+        parts.push(P2p::recv(gpu.alloc_zeros::<i64>(3).unwrap(), peer));
+        parts.push(P2p::send(gpu.alloc_zeros::<i64>(0).unwrap(), peer));
+        parts.push(P2p::recv(gpu.alloc_zeros::<i64>(0).unwrap(), peer));
+    }
+    let bufs = done(comm.batch(parts));
+    for (k, peer) in (0..n).filter(|&p| p != rank).enumerate() {
+        let got = bufs[4 * k + 1].download().unwrap();
+        same(
+            &got,
+            &[(peer * 10 + rank) as i64; 3],
+            format_args!("part from rank {peer}"),
+        );
+        assert!(bufs[4 * k + 3].is_empty());
+    }
+    if n > 1 {
+        refused(
+            comm.batch(vec![P2p::Send {
+                buf: on_device(gpu, &[1u8]),
+                peer: next,
+                tag: 3,
+            }]),
+            "has no tags",
+        );
+    }
 }
 
 /// Twin communicators over the same ranks (Megatron's dp_cp and its all-gather twin dp_cp_ag), each with its own

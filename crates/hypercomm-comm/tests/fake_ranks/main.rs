@@ -108,17 +108,25 @@ fn suite_two_ranks_on_one_device_with_nccl_2_30() {
 
 #[test]
 fn suite_ranks_as_processes() {
-    let name = "placement::fake_one_rank_of_two_processes";
+    run_as_processes("placement::fake_one_rank_of_two_processes", 2);
+    // Four processes exchange 64 MiB around a ring in one batch each, in both orders of the parts.
+    run_as_processes("placement::fake_one_rank_of_a_ring_of_four_processes", 4);
+}
+
+/// Runs the ignored test `name` as `n` rank processes under the fake (one fake device each), meeting through a TCP
+/// store; every one must pass.
+fn run_as_processes(name: &str, n: usize) {
     let server = TcpStore::server("127.0.0.1:0", ServerOptions::default()).unwrap();
     let addr = server.local_addr().to_string();
-    let dir = FakeDir::new("processes");
-    let children: Vec<_> = (0..2)
+    let dir = FakeDir::new(name);
+    let devices = n.to_string();
+    let children: Vec<_> = (0..n)
         .map(|rank| {
             let r = rank.to_string();
             spawn_under_fake(
                 &dir,
                 name,
-                &[(DEVICES, "2"), ("HC_RANK", &r), ("HC_ADDR", &addr)],
+                &[(DEVICES, &devices), ("HC_RANK", &r), ("HC_ADDR", &addr)],
             )
         })
         .collect();

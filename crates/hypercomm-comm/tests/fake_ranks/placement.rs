@@ -99,3 +99,16 @@ fn fake_one_rank_of_two_processes() {
         assert_eq!(got.download().unwrap(), [42, 43]);
     }
 }
+
+#[test]
+#[ignore = "run under fake-gpu by suite_ranks_as_processes"]
+fn fake_one_rank_of_a_ring_of_four_processes() {
+    let rank: usize = std::env::var("HC_RANK").unwrap().parse().unwrap();
+    let addr = std::env::var("HC_ADDR").unwrap();
+    let store: Arc<dyn Store> =
+        Arc::new(TcpStore::connect(addr, ClientOptions::default()).unwrap());
+    let gpu = Gpu::open(runtime(), rank).unwrap();
+    let comm = join(&gpu, &store, 4, rank, "ring");
+    // 64 MiB each way.
+    crate::device_checks::ring_in_one_batch(&comm, &gpu, 16 << 20);
+}

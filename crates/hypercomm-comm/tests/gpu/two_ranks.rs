@@ -106,6 +106,7 @@ fn two_ranks_run_every_operation_the_device_gained() {
     // in-place all-gather and reduce-scatter, all_to_all_v (zero counts included), gather and scatter (grouped
     // sends and receives); and what NCCL cannot run is refused before NCCL sees it. The checks are shared with
     // `tests/fake_ranks` (`device_checks`); here on one communicator, one after the other, with 1000-element blocks.
+    // A batch of sends and receives (one NCCL group) around the ring, and to every peer with empty parts.
     // all_to_all_v: round 0 sends nothing to oneself, different counts each way; in round 1 rank 1 sends nothing
     // (an empty input) and rank 0 sends to itself too; round 2 sends nothing at all.
     let rounds: [Counts; 3] = [
@@ -121,6 +122,8 @@ fn two_ranks_run_every_operation_the_device_gained() {
         device_checks::all_to_all_v_with_zero_counts(&comm, &gpu, &rounds);
         device_checks::gather_and_scatter_from_every_root(&comm, &gpu, m);
         device_checks::refusals(&comm, &gpu, &store, m);
+        // Pipeline's exchange: 4 MiB each way around the ring, in one NCCL group, both orders of the parts.
+        device_checks::ring_in_one_batch(&comm, &gpu, 1 << 20);
     });
 }
 

@@ -33,9 +33,9 @@ use hypercomm_store::Store;
 
 use self::collective::{Ctx, header as op_header};
 use self::header::{Header, OpKind};
-use self::transport::Transport;
+use self::transport::{Message, Transport};
 use crate::CommError;
-use crate::backend::{Backend, Io, SymmetricOp};
+use crate::backend::{Backend, Io, Part, Payload, SymmetricOp};
 use crate::element::{DType, ReduceOp};
 use crate::options::{Algorithm, CommOptions};
 use crate::symmetric::Windows;
@@ -304,6 +304,28 @@ impl Backend for HostBackend {
     ) -> Result<(), CommError> {
         let header = p2p_header(dtype, data.len(), tag);
         self.transport.recv(peer, &header, data)
+    }
+
+    fn batch(&mut self, parts: &mut [Part<'_>], dtype: DType) -> Result<(), CommError> {
+        let mut messages: Vec<Message<'_>> = parts
+            .iter_mut()
+            .map(|part| {
+                let len = match &part.payload {
+                    Payload::Out(data) => data.len(),
+                    Payload::In(data) => data.len(),
+                };
+                let payload = match &mut part.payload {
+                    Payload::Out(data) => Payload::Out(data),
+                    Payload::In(data) => Payload::In(data),
+                };
+                Message {
+                    peer: part.peer,
+                    header: p2p_header(dtype, len, part.tag),
+                    payload,
+                }
+            })
+            .collect();
+        self.transport.exchange(&mut messages)
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {

@@ -19,8 +19,9 @@ use super::cross_memory::Attach;
 use super::header::{HEADER_BYTES, Header, disagreement, p2p_mismatch};
 use super::liveness::process_alive;
 use super::segment::{PREFIX, Segment};
-use super::transport::{Consume, Peers, Round, Transport, resolve};
+use super::transport::{Consume, Message, Peers, Round, Transport, resolve};
 use crate::CommError;
+use crate::backend::Payload;
 
 /// Checks a waiting rank makes before its first `sched_yield`: a peer that is running arrives within them (a
 /// few µs), so a small operation between ranks on cores of their own never leaves user space.
@@ -186,6 +187,20 @@ impl ShmTransport {
         Ok(())
     }
 
+    /// Whether `m`'s next piece can move now: its mailbox is empty (a send) or full (a receive).
+    fn can_move(&self, m: &Message<'_>) -> bool {
+        match m.payload {
+            Payload::Out(_) => {
+                let ctl = self.seg.mail_ctl(self.rank, m.peer);
+                ctl.taken.load(SeqCst) == ctl.sent.load(SeqCst)
+            }
+            Payload::In(_) => {
+                let ctl = self.seg.mail_ctl(m.peer, self.rank);
+                ctl.sent.load(SeqCst) > ctl.taken.load(SeqCst)
+            }
+        }
+    }
+
     fn write_prefix(dst: *mut u8, header: &Header, len: usize) {
         let mut prefix = [0u8; PREFIX];
         prefix[..HEADER_BYTES].copy_from_slice(&header.encode());
@@ -210,6 +225,48 @@ impl ShmTransport {
         })?;
         Ok((header, u64::from_le_bytes(len) as usize))
     }
+}
+
+fn payload_len(payload: &Payload<'_>) -> usize {
+    match payload {
+        Payload::Out(data) => data.len(),
+        Payload::In(data) => data.len(),
+    }
+}
+
+/// The messages that may move now: the first unfinished one of each peer and direction, in order.
+fn active_messages(
+    messages: &[Message<'_>],
+    moved: &[usize],
+    total: &[usize],
+    ranks: usize,
+) -> Vec<usize> {
+    let mut taken = vec![[false; 2]; ranks];
+    (0..messages.len())
+        .filter(|&i| {
+            if moved[i] == total[i] {
+                return false;
+            }
+            let slot = &mut taken[messages[i].peer]
+                [usize::from(matches!(messages[i].payload, Payload::In(_)))];
+            !std::mem::replace(slot, true)
+        })
+        .collect()
+}
+
+/// What an exchange waits for, for errors: each active message's header and peer.
+fn describe(active: &[usize], messages: &[Message<'_>]) -> String {
+    active
+        .iter()
+        .map(|&i| {
+            let m = &messages[i];
+            match m.payload {
+                Payload::Out(_) => format!("{} to rank {}", m.header, m.peer),
+                Payload::In(_) => format!("{} from rank {}", m.header, m.peer),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 struct ShmPeers<'a> {
@@ -340,66 +397,103 @@ impl Transport for ShmTransport {
     }
 
     fn send(&mut self, peer: usize, header: &Header, data: &[u8]) -> Result<(), CommError> {
-        let me = self.rank;
-        let cap = self.seg.mailbox;
-        let chunks = data.len().div_ceil(cap).max(1);
-        for c in 0..chunks {
-            let piece = &data[(c * cap).min(data.len())..((c + 1) * cap).min(data.len())];
-            let ctl = self.seg.mail_ctl(me, peer);
-            let during = || format!("{header} to rank {peer}");
-            self.wait(
-                &during,
-                &|| ctl.taken.load(SeqCst) == ctl.sent.load(SeqCst),
-                &|| vec![peer],
-            )?;
-            let dst = self.seg.mailbox(me, peer);
-            Self::write_prefix(dst, header, piece.len());
-            // SAFETY: the mailbox is empty (taken == sent), so the receiver does not read it until we bump `sent`;
-            // the piece is at most the mailbox size.
-            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), dst.add(PREFIX), piece.len()) };
-            ctl.sent.fetch_add(1, SeqCst);
-            self.ring();
-        }
-        Ok(())
+        self.exchange(&mut [Message {
+            peer,
+            header: *header,
+            payload: Payload::Out(data),
+        }])
     }
 
     fn recv(&mut self, peer: usize, header: &Header, data: &mut [u8]) -> Result<(), CommError> {
+        self.exchange(&mut [Message {
+            peer,
+            header: *header,
+            payload: Payload::In(data),
+        }])
+    }
+
+    /// Moves every message through its pair's mailbox (one piece of at most the mailbox's size at a time), each
+    /// as far as its mailbox lets it, and waits only when no message can move: a send waits for the peer to take
+    /// the last piece, a receive for the peer to put the next one. Of the messages with one peer and direction
+    /// only the first unfinished one moves, so their pieces never interleave.
+    fn exchange(&mut self, messages: &mut [Message<'_>]) -> Result<(), CommError> {
         let me = self.rank;
         let cap = self.seg.mailbox;
-        let chunks = data.len().div_ceil(cap).max(1);
-        for c in 0..chunks {
-            let start = (c * cap).min(data.len());
-            let end = ((c + 1) * cap).min(data.len());
-            let ctl = self.seg.mail_ctl(peer, me);
-            let during = || format!("{header} from rank {peer}");
-            self.wait(
-                &during,
-                &|| ctl.sent.load(SeqCst) > ctl.taken.load(SeqCst),
-                &|| vec![peer],
-            )?;
-            let src = self.seg.mailbox(peer, me);
-            let (got, len) = self.read_prefix(src, peer)?;
-            if got != *header {
-                return Err(p2p_mismatch(&self.comm, me, header, peer, &got));
+        let pieces = |m: &Message<'_>| payload_len(&m.payload).div_ceil(cap).max(1);
+        let total: Vec<usize> = messages.iter().map(pieces).collect();
+        let mut moved = vec![0usize; messages.len()];
+        loop {
+            let active = active_messages(messages, &moved, &total, self.seg.n);
+            if active.is_empty() {
+                return Ok(());
             }
-            if len != end - start {
-                return Err(CommError::Protocol {
-                    comm: self.comm.clone(),
-                    what: format!(
-                        "rank {peer} sent a {len}-byte piece where {} bytes were due",
-                        end - start
-                    ),
-                });
+            let mut progressed = false;
+            for &i in &active {
+                while moved[i] < total[i] && self.can_move(&messages[i]) {
+                    let m = &mut messages[i];
+                    let piece = moved[i] * cap;
+                    match &mut m.payload {
+                        Payload::Out(data) => {
+                            let end = (piece + cap).min(data.len());
+                            let bytes = &data[piece.min(data.len())..end];
+                            let dst = self.seg.mailbox(me, m.peer);
+                            Self::write_prefix(dst, &m.header, bytes.len());
+                            // SAFETY: the mailbox is empty (taken == sent, checked by can_move), so the receiver
+                            // does not read it until we bump `sent`; the piece is at most the mailbox size.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    bytes.as_ptr(),
+                                    dst.add(PREFIX),
+                                    bytes.len(),
+                                )
+                            };
+                            self.seg.mail_ctl(me, m.peer).sent.fetch_add(1, SeqCst);
+                        }
+                        Payload::In(data) => {
+                            let start = piece.min(data.len());
+                            let end = (piece + cap).min(data.len());
+                            let src = self.seg.mailbox(m.peer, me);
+                            let (got, len) = self.read_prefix(src, m.peer)?;
+                            if got != m.header {
+                                return Err(p2p_mismatch(&self.comm, me, &m.header, m.peer, &got));
+                            }
+                            if len != end - start {
+                                return Err(CommError::Protocol {
+                                    comm: self.comm.clone(),
+                                    what: format!(
+                                        "rank {} sent a {len}-byte piece where {} bytes were due",
+                                        m.peer,
+                                        end - start
+                                    ),
+                                });
+                            }
+                            // SAFETY: sent > taken (checked by can_move), so the sender filled the mailbox and does
+                            // not touch it until we bump `taken`; `len` bytes are within the mailbox
+                            // (len == end - start <= cap).
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    src.add(PREFIX),
+                                    data[start..end].as_mut_ptr(),
+                                    len,
+                                )
+                            };
+                            self.seg.mail_ctl(m.peer, me).taken.fetch_add(1, SeqCst);
+                        }
+                    }
+                    self.ring();
+                    moved[i] += 1;
+                    progressed = true;
+                }
             }
-            // SAFETY: sent > taken, so the sender filled the mailbox and does not touch it until we bump `taken`;
-            // `len` bytes are within the mailbox (len == end - start <= cap).
-            unsafe {
-                std::ptr::copy_nonoverlapping(src.add(PREFIX), data[start..end].as_mut_ptr(), len)
-            };
-            ctl.taken.fetch_add(1, SeqCst);
-            self.ring();
+            if !progressed {
+                let during = || describe(&active, messages);
+                self.wait(
+                    &during,
+                    &|| active.iter().any(|&i| self.can_move(&messages[i])),
+                    &|| active.iter().map(|&i| messages[i].peer).collect(),
+                )?;
+            }
         }
-        Ok(())
     }
 
     fn attach(&mut self) -> Option<&mut Attach> {

@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use super::header::{HEADER_BYTES, Header, disagreement, p2p_mismatch};
 use super::segment::PREFIX;
-use super::transport::{Consume, Peers, Round, Transport, resolve};
+use super::transport::{Consume, Message, Peers, Round, Transport, resolve};
 use crate::CommError;
+use crate::backend::Payload;
 use crate::options::CommOptions;
 
 const KIND_ROUND: u8 = 0;
@@ -166,6 +167,9 @@ impl TcpTransport {
         })
     }
 }
+
+/// The messages of an exchange to one peer, in order.
+type Outgoing<'a> = Vec<(Header, &'a [u8])>;
 
 fn write_frame(
     mut stream: &TcpStream,
@@ -353,6 +357,79 @@ impl Transport for TcpTransport {
         }
         data.copy_from_slice(f.bytes());
         Ok(())
+    }
+
+    /// Writes the sends on threads of their own, one per peer and in order, while this thread reads the receives
+    /// in order: a write blocked on a full socket buffer (a large message to a peer that is itself still sending)
+    /// never keeps this rank from reading, so the peer's write completes and so does ours.
+    fn exchange(&mut self, messages: &mut [Message<'_>]) -> Result<(), CommError> {
+        let mut sends: Vec<(usize, Outgoing<'_>)> = Vec::new();
+        let mut recvs: Vec<(usize, Header, &mut [u8])> = Vec::new();
+        for m in messages.iter_mut() {
+            match &mut m.payload {
+                Payload::Out(data) => match sends.iter_mut().find(|(p, _)| *p == m.peer) {
+                    Some((_, queue)) => queue.push((m.header, &**data)),
+                    None => sends.push((m.peer, vec![(m.header, &**data)])),
+                },
+                Payload::In(data) => recvs.push((m.peer, m.header, &mut **data)),
+            }
+        }
+        // One peer to write to and nothing to read: nothing to overlap.
+        if recvs.is_empty() && sends.len() <= 1 {
+            for (peer, queue) in &sends {
+                for (header, data) in queue {
+                    self.send(*peer, header, data)?;
+                }
+            }
+            return Ok(());
+        }
+        let mut writers = Vec::with_capacity(sends.len());
+        for (peer, queue) in sends {
+            let stream = self
+                .stream(peer)?
+                .try_clone()
+                .map_err(|source| CommError::Io {
+                    comm: self.comm.clone(),
+                    what: format!("duplicating the connection to rank {peer}"),
+                    source,
+                })?;
+            writers.push((peer, stream, queue));
+        }
+        std::thread::scope(|scope| {
+            let running: Vec<_> = writers
+                .into_iter()
+                .map(|(peer, stream, queue)| {
+                    let thread = scope.spawn(move || {
+                        for (header, data) in &queue {
+                            if let Err(e) = write_frame(&stream, KIND_P2P, header, &[data]) {
+                                return Err((format!("{header} to rank {peer}"), e));
+                            }
+                        }
+                        Ok(())
+                    });
+                    (peer, thread)
+                })
+                .collect();
+            let mut result = Ok(());
+            for (peer, header, data) in recvs {
+                if let Err(e) = self.recv(peer, &header, data) {
+                    result = Err(e);
+                    break;
+                }
+            }
+            for (peer, thread) in running {
+                let written = thread.join().unwrap_or_else(|_| {
+                    Err((
+                        format!("a send to rank {peer}"),
+                        std::io::Error::other("the writing thread panicked"),
+                    ))
+                });
+                if let (Ok(()), Err((during, e))) = (&result, written) {
+                    result = Err(self.failure(peer, e, &during));
+                }
+            }
+            result
+        })
     }
 
     fn sever(&mut self, peer: usize) -> Result<(), CommError> {

@@ -11,6 +11,17 @@ use std::ops::Range;
 use super::cross_memory::Attach;
 use super::header::Header;
 use crate::CommError;
+use crate::backend::Payload;
+
+/// One message of [`Transport::exchange`]: to or from `peer`, under `header`.
+pub(crate) struct Message<'a> {
+    /// The other rank.
+    pub peer: usize,
+    /// What both sides must agree on (type, length, tag).
+    pub header: Header,
+    /// The bytes sent, or where the received ones land.
+    pub payload: Payload<'a>,
+}
 
 /// One piece of what a rank publishes: a byte range of the operation's input or of its output buffer.
 #[derive(Clone, Debug)]
@@ -61,6 +72,10 @@ pub(crate) trait Transport: Send {
     fn send(&mut self, peer: usize, header: &Header, data: &[u8]) -> Result<(), CommError>;
     /// Receives the next message from `peer` into `data`; its header must equal `header`.
     fn recv(&mut self, peer: usize, header: &Header, data: &mut [u8]) -> Result<(), CommError>;
+    /// Sends and receives every message at once: no message waits for another to complete, so two ranks that
+    /// send each other large messages in one exchange both finish. Messages with the same peer and direction
+    /// go in their order, as separate sends and receives would.
+    fn exchange(&mut self, messages: &mut [Message<'_>]) -> Result<(), CommError>;
     /// Tells the peers this rank gives up, so that their waits fail at once.
     fn abort(&mut self);
     /// This rank's side of reading the peers' buffers where they are ([`cross_memory`](super::cross_memory)),

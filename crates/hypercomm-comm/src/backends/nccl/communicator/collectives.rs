@@ -145,6 +145,55 @@ impl DeviceCommunicator {
             .map(Work::from)
     }
 
+    /// Runs the batch `op`, which the face has checked, over `bufs` (one per part, all on this device) as one
+    /// NCCL group of sends and receives.
+    pub(crate) fn launch_many<T: Element>(
+        &self,
+        op: &Op,
+        mut bufs: Vec<DeviceBuffer<T>>,
+    ) -> Result<Work<Vec<DeviceBuffer<T>>>, CommError> {
+        let Op::Batch(messages) = op else {
+            return Err(self.invalid(format!("{} is not a batch", op.name())));
+        };
+        if let Some(m) = messages.iter().find(|m| m.tag != 0) {
+            return Err(self.invalid(format!(
+                "batch part with tag {} on a device buffer: NCCL matches messages by order and has no tags; \
+                 pass tag 0 to peer {}",
+                m.tag, m.peer
+            )));
+        }
+        for b in &bufs {
+            self.check_device("batch part", b)?;
+        }
+        // Every buffer's address is taken (and ordered on this stream) while the buffers are held here, and the
+        // buffers go to the handle after the enqueue.
+        let calls: Vec<Call> = bufs
+            .iter_mut()
+            .zip(messages)
+            .map(|(b, m)| {
+                let buf = b.address_on(&self.stream);
+                let (count, dtype, peer) = (m.count, T::DTYPE, m.peer);
+                if m.send {
+                    Call::Send {
+                        buf,
+                        count,
+                        dtype,
+                        peer,
+                    }
+                } else {
+                    Call::Recv {
+                        buf,
+                        count,
+                        dtype,
+                        peer,
+                    }
+                }
+            })
+            .collect();
+        self.enqueue(&calls)?;
+        self.finish(bufs, Vec::new()).map(Work::from)
+    }
+
     /// The NCCL calls that run `op` over buffers of `shape` at device addresses `send` (read) and `recv`
     /// (written; the same address in place), as one group when there are several; or why NCCL cannot run it.
     fn calls(
@@ -160,6 +209,9 @@ impl DeviceCommunicator {
         let (input, output) = match shape {
             Shape::InPlace(len) => (len, len),
             Shape::OutOfPlace { input, output } => (input, output),
+            Shape::Parts(_) => {
+                return Err(self.invalid(format!("{} takes a buffer per part", op.name())));
+            }
         };
         let in_place = matches!(shape, Shape::InPlace(_));
         let send_to = |buf, count, peer| Call::Send {
@@ -301,6 +353,9 @@ impl DeviceCommunicator {
             }
             Op::Send { peer, .. } => vec![send_to(send, input, *peer)],
             Op::Recv { peer, .. } => vec![recv_from(recv, output, *peer)],
+            Op::Batch(_) => {
+                return Err(self.invalid("a batch takes a buffer per part".into()));
+            }
         })
     }
 }
