@@ -8,6 +8,7 @@
 //!   ([`in_place_all_gather_and_reduce_scatter`]); all_to_all_v with zero counts
 //!   ([`all_to_all_v_with_zero_counts`]); gather and scatter from every root
 //!   ([`gather_and_scatter_from_every_root`]); and what NCCL cannot run, refused with the reason ([`refusals`]).
+//! - A barrier that waits for the device work issued before it ([`barrier_orders_device_work`]).
 //! - A ring exchanged in one batch of sends and receives, in both orders ([`ring_in_one_batch`]).
 //! - Twin communicators overlapping on their own streams ([`twins_overlap_in_opposite_orders`]), and a rank that
 //!   never joins the NCCL flavor ([`a_rank_that_never_joins_the_device`]).
@@ -395,6 +396,31 @@ pub fn warm_up(gpu: &Arc<Gpu>, ag: &Communicator, dp: &Communicator) {
     )
     .and_then(|w| w.wait())
     .expect("warming up the reduce-scatter twin");
+}
+
+/// A barrier on a communicator with a GPU orders device work: every rank issues a device all-reduce of `len`
+/// elements (the last rank `late` after the others) and then a barrier, without waiting on the all-reduce; once the
+/// barrier returns, the all-reduce has finished on every rank's device and holds the sum.
+pub fn barrier_orders_device_work(comm: &Communicator, gpu: &Arc<Gpu>, len: usize, late: Duration) {
+    let (n, rank) = (comm.size(), comm.rank());
+    if rank + 1 == n {
+        std::thread::sleep(late);
+    }
+    let work = comm
+        .all_reduce(on_device(gpu, &vec![rank as u32 + 1; len]), ReduceOp::Sum)
+        .unwrap();
+    done(comm.barrier());
+    assert!(
+        work.is_completed(),
+        "rank {rank}: the barrier returned before this rank's device all-reduce finished"
+    );
+    let sum = done(Ok(work)).download().unwrap();
+    let want = (n * (n + 1) / 2) as u32;
+    same(
+        &sum,
+        &vec![want; len],
+        format_args!("rank {rank}'s all-reduce before the barrier"),
+    );
 }
 
 /// Pipeline and ring context parallelism's exchange on device buffers: every rank sends `len` u32s to the next

@@ -2,6 +2,7 @@
 //! and the device operations the one face gained (the checks themselves in `device_checks`, shared with `tests/gpu`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use half::{bf16, f16};
 use hypercomm_comm::device::Gpu;
@@ -203,6 +204,14 @@ fn fake_all_to_all_v_on_device_with_zero_counts() {
 fn fake_gather_and_scatter_on_device_from_every_root() {
     on_three_ranks("gather-scatter", |comm, gpu| {
         device_checks::gather_and_scatter_from_every_root(comm, gpu, 3)
+    });
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_ranks_as_threads"]
+fn fake_a_barrier_waits_for_the_device_work_before_it() {
+    on_three_ranks("barrier", |comm, gpu| {
+        device_checks::barrier_orders_device_work(comm, gpu, 1 << 16, Duration::from_millis(300))
     });
 }
 

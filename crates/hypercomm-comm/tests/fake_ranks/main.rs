@@ -62,6 +62,7 @@ fn suite_ranks_as_threads() {
         "collectives::fake_all_to_all_v_on_device_with_zero_counts",
         "collectives::fake_gather_and_scatter_on_device_from_every_root",
         "collectives::fake_what_nccl_cannot_run_is_refused_with_the_reason",
+        "collectives::fake_a_barrier_waits_for_the_device_work_before_it",
         "splits::fake_nonblocking_split_and_shrink_give_working_children",
         "streams::fake_results_are_ordered_without_a_cpu_wait",
         "streams::fake_all_gather_and_reduce_scatter_overlap_on_twin_communicators",

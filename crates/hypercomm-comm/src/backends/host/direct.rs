@@ -159,7 +159,9 @@ fn records(
 }
 
 /// Reads bytes `at` of rank `r`'s buffer into `dst`. A failure names rank `r` as dead when its process is gone
-/// (the read then fails with ESRCH or finds the memory unmapped), as a wait on it would.
+/// (the read then fails with ESRCH or finds the memory unmapped), as a wait on it would. A process being killed
+/// loses its memory before it turns into a zombie, so a read that finds the agreed buffer unmapped (EFAULT)
+/// watches the process for up to [`EXIT_GRACE`] before calling the failure anything but its death.
 fn read(
     comm: &str,
     records: &[Record],
@@ -171,7 +173,8 @@ fn read(
     records[r].read(at, dst).map_err(|source| {
         let pid = records[r].pid;
         let during = format!("reading bytes {at}..{end} of rank {r}'s buffer in process {pid}");
-        if process_alive(pid) {
+        let unmapped = source.raw_os_error() == Some(libc::EFAULT);
+        if process_alive(pid) && !(unmapped && exits_within(pid, EXIT_GRACE)) {
             CommError::Io {
                 comm: comm.to_owned(),
                 what: during,
@@ -181,6 +184,24 @@ fn read(
             CommError::peer_died(comm, vec![r], during)
         }
     })
+}
+
+/// How long a read that found a peer's buffer unmapped waits for the peer's process to finish exiting.
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Whether process `pid` is gone (or a zombie) within `grace`, looking every millisecond.
+fn exits_within(pid: u32, grace: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + grace;
+    // Bounded by the deadline.
+    loop {
+        if !process_alive(pid) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// Reduces bytes `at` of every rank's buffer, in rank order, into `out` (whose length is `at`'s): this rank's
