@@ -27,3 +27,27 @@ pub use process_group_collection as pgc;
 
 #[cfg(feature = "candle")]
 pub use hypercomm_candle as candle;
+
+/// The guide's chapters (`docs/guide/`), compiled as doctests so that their code cannot rot.
+#[cfg(doctest)]
+mod guide {
+    #[doc = include_str!("../docs/guide/README.md")]
+    struct Index;
+    #[doc = include_str!("../docs/guide/01-grids-and-layouts.md")]
+    struct GridsAndLayouts;
+    #[doc = include_str!("../docs/guide/02-collections.md")]
+    struct Collections;
+    #[doc = include_str!("../docs/guide/03-communicator.md")]
+    struct TheCommunicator;
+    #[doc = include_str!("../docs/guide/04-store-and-launching.md")]
+    struct StoreAndLaunching;
+    #[cfg(feature = "candle")]
+    #[doc = include_str!("../docs/guide/05-candle.md")]
+    struct Candle;
+    #[doc = include_str!("../docs/guide/06-planning.md")]
+    struct Planning;
+    #[doc = include_str!("../docs/guide/07-reliability.md")]
+    struct Reliability;
+    #[doc = include_str!("../docs/guide/08-gpus.md")]
+    struct Gpus;
+}
