@@ -9,7 +9,7 @@
  * A fourth argument `huge` aligns the buffers to 2 MiB and asks the kernel to back them with 2 MiB pages
  * (madvise MADV_HUGEPAGE) before they are first touched, as hypercomm_comm::host_buffer::huge_page_vec does.
  *
- * Build and run (the README's host benchmark section quotes these):
+ * Build and run (docs/perf/host-collectives.md quotes these):
  *   gcc -O3 -march=native -pthread scripts/membw.c -o /tmp/membw
  *   /tmp/membw 16 0 2     # 16 MiB, in place, two threads
  *   /tmp/membw 16 0 2 huge

@@ -1,6 +1,6 @@
-//! hypercomm: process-group topology for distributed training, without global state.
+#![doc = include_str!("../README.md")]
 //!
-//! This crate re-exports the member crates so that an application needs one dependency:
+//! # The crates, as this one re-exports them
 //!
 //! - [`grid`]: pure topology. Grids over named dimensions, the groups of any set of dimensions, one rank's
 //!   group computed directly, and Megatron-Core compatible layouts.
@@ -9,8 +9,9 @@
 //! - [`store`]: rendezvous. The key-value store every communicator bootstraps through.
 //! - [`launch`]: starting a job's local ranks with the rendezvous variables set, and supervising them (the
 //!   library behind `hypercomm launch`).
-//! - [`comm`]: communicators. One `Communicator` face; the host backend runs on shared memory and TCP, and
-//!   [`comm::device`] runs collectives on GPU memory through NCCL (loaded at run time).
+//! - [`comm`]: communicators. One [`Communicator`](comm::Communicator) face whose operations take host vectors
+//!   (shared memory on one machine, TCP across machines) or device buffers (NCCL, loaded at run time; see
+//!   [`comm::device`]).
 //! - [`pgc`]: per rank, the communicators of every group it belongs to (Megatron's `ProcessGroupCollection`).
 //! - `candle` (feature `candle`): collectives on candle tensors, a bucketed data-parallel gradient synchroniser
 //!   and Megatron's tensor-parallel layers, over the groups of a collection.
@@ -27,3 +28,27 @@ pub use process_group_collection as pgc;
 
 #[cfg(feature = "candle")]
 pub use hypercomm_candle as candle;
+
+/// The guide's chapters (`docs/guide/`), compiled as doctests so that their code cannot rot.
+#[cfg(doctest)]
+mod guide {
+    #[doc = include_str!("../docs/guide/README.md")]
+    struct Index;
+    #[doc = include_str!("../docs/guide/01-grids-and-layouts.md")]
+    struct GridsAndLayouts;
+    #[doc = include_str!("../docs/guide/02-collections.md")]
+    struct Collections;
+    #[doc = include_str!("../docs/guide/03-communicator.md")]
+    struct TheCommunicator;
+    #[doc = include_str!("../docs/guide/04-store-and-launching.md")]
+    struct StoreAndLaunching;
+    #[cfg(feature = "candle")]
+    #[doc = include_str!("../docs/guide/05-candle.md")]
+    struct Candle;
+    #[doc = include_str!("../docs/guide/06-planning.md")]
+    struct Planning;
+    #[doc = include_str!("../docs/guide/07-reliability.md")]
+    struct Reliability;
+    #[doc = include_str!("../docs/guide/08-gpus.md")]
+    struct Gpus;
+}

@@ -263,9 +263,9 @@ fn settles_within(c: ncclComm_t, limit: Duration) -> bool {
 
 #[test]
 fn a_first_collective_stays_in_progress_until_every_rank_has_called_one() {
-    // NCCL's runtime connection (2.22 and later), seen on an H100 with NCCL 2.30.7 (2026-11-23): a communicator
-    // connects its peers on its first collective, so that first enqueue does not settle until every rank has
-    // made its own. Later collectives settle on their own. (Rank 0 asserts only after both barriers, so that a
+    // NCCL's runtime connection (2.22 and later), seen on an H100 with NCCL 2.30.7 (docs/gpu-validation.md): a
+    // communicator connects its peers on its first collective, so that first enqueue does not settle until every
+    // rank has made its own. Later collectives settle on their own. (Rank 0 asserts only after both barriers, so that a
     // failure cannot leave rank 1 waiting at one.)
     let id = unique_id();
     let (first, second) = (Barrier::new(2), Barrier::new(2));

@@ -16,9 +16,8 @@
 //! [`hypercomm_comm::symmetric`]); results are the same bits. A bucket that does not fit what is left of the
 //! window goes through a vector instead, on every rank alike, and [`SyncStats::symmetric_buckets`] says how many
 //! went through the window. All buckets are in flight together, so a window of the model's gradient bytes (plus
-//! 64 bytes a bucket) holds them all. Measured on the 2-core development machine (2026-11-24 01:33 UTC, `cargo
-//! bench --features candle --bench grad_sync`, 2 ranks, 96 MiB of f32 gradients in 25 MiB buckets, four runs of
-//! 15 alternated calls): 43.2-45.2 ms a sync with a window against 68.0-68.6 ms without, medians.
+//! 64 bytes a bucket) holds them all. A sync through the window takes about two thirds of the time of one through
+//! vectors (`cargo bench --features candle --bench grad_sync`; figures in `docs/perf/candle.md`).
 //!
 //! Every rank must pass the same variables (shapes and dtypes) in the same order, so that the buckets line up;
 //! [`GradSync::sync_varmap`] sorts a `VarMap`'s variables by name for that (a `VarMap` iterates a hash map, whose
@@ -299,7 +298,7 @@ enum Reduced {
     Tensor(Tensor),
     /// The symmetric buffer: each gradient is copied out into a tensor of its own, and the window's space goes
     /// back when the buffer drops. (Copying the whole bucket into one tensor and handing out views of it measured
-    /// slower in `benches/grad_sync.rs` on 2026-11-24: medians 50.0-55.7 ms against 43.2-45.2, four runs each.)
+    /// slower; see `docs/perf/candle.md`.)
     Window(SymBuf),
 }
 

@@ -8,10 +8,9 @@
 //! filling it, which [`huge_page_vec`] does. The result is an ordinary `Vec`, allocated and freed by the global
 //! allocator; only its page backing differs, and only in the whole aligned 2 MiB runs it contains.
 //!
-//! Measured on the 2-core development machine (a KVM guest, 2026-11-23 17:41 UTC, `scripts/membw.c 64 0 2` with
-//! and without `huge`, five alternations): two threads passing over 64 MiB each in place ran 8.05–10.46 GB/s
-//! advised against 6.78–8.19 plain, faster in all five. The host all-reduce's figures with and without
-//! (`hypercomm bench --huge-pages`) are in the README's benchmark section.
+//! Passes over large buffers run faster on huge pages, most of all in a virtual machine, and the host collectives'
+//! direct reads, which the kernel copies page by page, gain the most. The figures, with and without
+//! (`hypercomm bench --huge-pages`): `docs/perf/host-collectives.md`.
 
 use std::ffi::c_void;
 

@@ -25,12 +25,10 @@
 //! collectives it is this rank's alone, like a `Vec`. A collective that fails leaves its buffer's memory out of
 //! later allocations, since a peer that has not noticed the failure may still be using it.
 //!
-//! What it buys, measured on the 2-core development machine (2026-11-24 00:54 UTC, two ranks, ten alternations of
-//! `hypercomm bench --sizes 8B:16MiB` with and without `--symmetric`, median busbw): at 16 MiB all-reduce 19.7
-//! against 5.8 GB/s on vectors, all-gather 14.3 against 4.2, reduce-scatter 12.0 against 4.6; at 1-4 MiB 2.9 to
-//! 6.0 times the vectors' figures; from 8 KiB to 256 KiB 0.25 to 0.76 of the vectors' time.
-//! Smaller operations stay staged (one barrier instead of two), so they cost the same either way. The README's
-//! benchmark section has the tables.
+//! What it buys: each rank reads and writes the data once, with no slot in between, so from a few KiB up the
+//! collectives over symmetric buffers take a fraction of the staged ones' time, and at sizes past the cache they
+//! run near the memory's speed. Smaller operations stay staged (one barrier instead of two), so they cost the same
+//! either way. The figures: `docs/perf/host-collectives.md` ("Symmetric buffers").
 //!
 //! The window is memory of the communicator's segment: [`CommOptions::symmetric_bytes`](crate::CommOptions) bytes
 //! per rank, mapped by every rank, taken from the system only as pages are touched and returned when the last

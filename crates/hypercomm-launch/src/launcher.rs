@@ -211,9 +211,9 @@ impl Launcher {
     /// ranks, two each; with 2 and 2, one each). [`Launcher::run`] fails if there are fewer CPUs than local ranks.
     ///
     /// Unbound, two ranks that take turns waiting on each other (every collective ends in a barrier) can be
-    /// placed on one core together by the scheduler and stay there: on the 2-core development machine such a
-    /// run's small all-reduce took 25-33 µs instead of 2 µs (see `hypercomm bench`'s placement, which binds the
-    /// same way).
+    /// placed on one core together by the scheduler and stay there, and then every small collective pays for a
+    /// context switch (`hypercomm bench` binds its ranks the same way; the figures are in
+    /// `docs/perf/host-collectives.md`).
     #[must_use]
     pub fn bind_cpus(mut self, on: bool) -> Self {
         self.bind_cpus = on;

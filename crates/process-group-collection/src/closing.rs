@@ -8,18 +8,13 @@
 //! barriers that remain are entered by all of their members or by none, in slot order on every rank, and cannot
 //! deadlock.
 //!
-//! Barriers are cheap on a quiet machine but each waits for every member to be scheduled: on a loaded one the 22
-//! barriers of a full 8-rank build cost about a third of the build (measured 2026-11-23, see
-//! [`needs_barrier`]).
+//! Barriers are cheap on a quiet machine but each waits for every member to be scheduled: on a loaded one, a
+//! barrier on each of the 22 communicators of a full 8-rank build costs about a third of the build, and the two
+//! this leaves cost little (figures in `docs/perf/collection-build.md`, "Closing barriers").
 
 /// For one rank's communicators in slot order (each given by its members), whether each needs a closing barrier
 /// of its own: not when another of them contains all of its members and is larger, or is identical and earlier in
 /// slot order (twins such as `dp_cp` and `dp_cp_ag` share one barrier).
-///
-/// `hypercomm bench --collection --processes --repeats 10` (layout tp 2, cp 2, pp 2, ep 2; 22 communicators per
-/// rank; 2026-11-23), alternated: all 22 barriers against none, quiet 29.2-31.6 against 22.0-27.8 ms per rank and
-/// beside a busy loop per core 77.6-79.4 against 52.1-52.8 ms; then all 22 against the 2 this leaves, beside a
-/// busy loop per core 76.4-87.0 against 49.4-52.6 ms (quiet 23.0-29.5 against 21.2-26.8).
 ///
 /// ```text
 /// [0, 1], [0, 1, 2, 3], [0, 1, 2, 3], [1, 5]  ->  false, true, false, true

@@ -40,8 +40,8 @@ fn submit(stream_handle: usize, batch: Vec<Issued>) -> Result<(), String> {
 
 /// NCCL's runtime connection, after `comm` [arrived](Comm::arrive) at its first collective: a non-blocking
 /// communicator stays in progress until every rank has come to its own (`ncclInProgress`), a blocking one waits
-/// here. Seen on an H100 with NCCL 2.30.7 (2026-11-23): two ranks whose first collectives were on two
-/// communicators in opposite orders each waited in their first enqueue for the other, until the timeout.
+/// here. Seen on an H100 with NCCL 2.30.7 (`docs/gpu-validation.md`): two ranks whose first collectives were on
+/// two communicators in opposite orders each waited in their first enqueue for the other, until the timeout.
 fn connect(comm: &Arc<Comm>) -> ncclResult_t {
     let c = Arc::clone(comm);
     run_job(comm, 0, move || c.await_connected())

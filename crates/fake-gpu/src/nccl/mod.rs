@@ -14,8 +14,8 @@
 //!   `ncclInProgress` (from the enqueue and from `ncclCommGetAsyncError`) meanwhile, a blocking one waits in the
 //!   call; a rank that never comes fails it after `FAKE_NCCL_TIMEOUT_SECS`, an abort ends the wait. Later calls
 //!   are unaffected, and `NCCL_RUNTIME_CONNECT=0` connects at creation, as in NCCL. Seen on an H100 with NCCL
-//!   2.30.7 (2026-11-23): two ranks whose first collectives were on twin communicators in opposite orders each
-//!   waited in their first enqueue for the other until both timed out, which this fake had let pass.
+//!   2.30.7 (`docs/gpu-validation.md`): two ranks whose first collectives were on twin communicators in opposite
+//!   orders each waited in their first enqueue for the other until both timed out, which this fake had let pass.
 //! - **Validation**: configs are checked as `parseCommConfig` checks them ([`config`]), ranks and peers as
 //!   NCCL checks them, and every rank of a collective must call the same thing.
 //! - **Failures on demand**: `FAKE_NCCL_FAIL_AFTER` (and `FAKE_NCCL_FAIL_RANK`) make a communicator fail after K

@@ -14,9 +14,9 @@
 //! ([`Work::is_completed`](crate::Work::is_completed), [`Work::wait_timeout`](crate::Work::wait_timeout)) and a
 //! dropped handle. An operation nobody waits on therefore starts within one nap, at most [`NAP`] after it was
 //! issued. While a job runs inline, the progress thread does not nap: nothing can start before the engine comes
-//! back, so it sleeps until then. Napping through a long job woke it every [`NAP`] on the running rank's core, and
-//! each such wake-up delayed that rank's next round for every peer (2026-11-24, 16 MiB all-reduce on the 2-core
-//! development machine: the barrier took 6-17 µs a round on average, 2-5 µs without the wake-ups).
+//! back, so it sleeps until then. Napping through a long job would wake it every [`NAP`] on the running rank's core,
+//! and each such wake-up delays that rank's next round for every peer (the barrier's cost per round, with and
+//! without: `docs/perf/host-collectives.md`).
 //!
 //! Closing (abort or drop) refuses new jobs; the queued ones still run (they fail fast once the communicator is
 //! broken), and then whoever holds the engine last retires it: after an abort, it first tells the peers that this

@@ -73,8 +73,8 @@ pub type InOut<B> = (B, B);
 ///
 /// With a GPU ([`Communicator::with_gpu`]) the same call takes a
 /// [`DeviceBuffer`](crate::device::DeviceBuffer) and runs on NCCL: `comm.all_reduce(device_buf, ReduceOp::Sum)?`
-/// gives a [`Work`] whose `wait()` blocks until the GPU is done and whose `wait_on(&stream)` orders a stream
-/// instead.
+/// gives a [`Work`](crate::Work) whose `wait()` blocks until the GPU is done and whose `wait_on(&stream)` orders a
+/// stream instead.
 pub struct Communicator {
     name: String,
     rank: usize,

@@ -37,27 +37,18 @@ use crate::element::{DType, ReduceOp, as_bytes, as_bytes_mut};
 use crate::options::Algorithm;
 use crate::reduce::{Src, reduce};
 
-/// The sizes (bytes of the operation's largest buffer) at which [`Algorithm::Auto`] runs the all-reduce direct.
-/// Below, the staged pipeline's pieces stay in the cache and the direct path's extra rounds and system calls do
-/// not pay; above, the kernel's copy, which pays per 4 KiB page (it pins the peer's pages a few at a time), falls
-/// behind: on buffers of 2 MiB pages it keeps winning at 64 MiB (see the README). Measured on the 2-core
-/// development machine with `hypercomm bench --backend host -n 2 --op OP --algorithm bandwidth|direct`, median
-/// busbw in GB/s, staged / direct, 2026-11-24:
-/// - all-reduce, five alternations each at 03:18-03:20 and 04:02 UTC (ranks as threads, and as processes at
-///   04:02): 1 MiB 5.79 / 4.88 and 5.85 / 6.28 (processes), 2 MiB 5.53 / 6.29, 16 MiB 6.00-6.86 / 7.85-8.48,
-///   32 MiB 5.38-6.77 / 6.46-8.15, 64 MiB 5.05-6.18 / 3.59-5.09;
-/// - eight alternations between 256 KiB and 2 MiB (03:31 UTC): all-reduce 512 KiB 5.52 / 5.93, 1 MiB 5.75 /
-///   4.80 (direct faster in 1 of 8), 2 MiB 5.83 / 6.10.
+/// The sizes (bytes of the operation's largest buffer) at which [`Algorithm::Auto`] runs the all-reduce direct:
+/// where it measured faster than staging. Below, the staged pipeline's pieces stay in the cache and the direct
+/// path's extra rounds and system calls do not pay; above, the kernel's copy, which pays per 4 KiB page (it pins the
+/// peer's pages a few at a time), falls behind. On buffers of 2 MiB pages it keeps winning at larger sizes, which
+/// `Auto` cannot tell. The measurements: `docs/perf/host-collectives.md` ("The figures behind the code's choices").
 pub(crate) const ALL_REDUCE_WINDOW: RangeInclusive<usize> = (2 << 20)..=(32 << 20);
 
-/// As [`ALL_REDUCE_WINDOW`], for the all-gather (bytes of its output): 256 KiB 6.93 / 5.66, 512 KiB 7.16 / 12.32,
-/// 1 MiB 6.22 / 9.00, 2 MiB 4.86 / 6.49 (direct faster in 8 of 8 from 512 KiB; 03:31 UTC), 16 MiB 4.26-4.44 /
-/// 5.06-5.47, 32 MiB 3.72-4.40 / 3.10-4.04 (03:18-03:20 UTC).
+/// As [`ALL_REDUCE_WINDOW`], for the all-gather (bytes of its output), which gains from direct reads sooner: it
+/// only copies, so the peers' inputs read straight into the output save a whole staged copy.
 pub(crate) const ALL_GATHER_WINDOW: RangeInclusive<usize> = (512 << 10)..=(16 << 20);
 
-/// As [`ALL_REDUCE_WINDOW`], for the reduce-scatter (bytes of its input): 512 KiB 6.60 / 8.74, 1 MiB 5.42 / 5.49
-/// (3 of 8), 2 MiB 5.48 / 6.01 (03:31 UTC), 16 MiB 4.55-4.93 / 5.10-5.43, 32 MiB 3.45-4.27 / 2.74-2.97
-/// (03:18-03:20 UTC).
+/// As [`ALL_REDUCE_WINDOW`], for the reduce-scatter (bytes of its input).
 pub(crate) const REDUCE_SCATTER_WINDOW: RangeInclusive<usize> = (2 << 20)..=(16 << 20);
 
 /// Bytes of each peer's contribution read into the scratch per reduction step.

@@ -32,11 +32,9 @@ const SPINS_PER_YIELD: u32 = 64;
 /// on the doorbell. A yield hands the core to any thread that is ready to run on it (a rank that shares the core,
 /// which is how more ranks than cores make progress) and otherwise returns at once, so the core stays awake. Sleeping
 /// sooner costs every late round a wake-up: on a virtual machine an idle virtual CPU is descheduled by the host, and
-/// a futex wake-up reaches it tens of µs later. Measured on the 2-core development machine (2026-11-24, 16 MiB
-/// all-reduce, a timer around each part of a round, eight readings): with 300 checks and 20 yields before
-/// sleeping, 9-22% of rounds waited more than 20 µs and the barrier took 6-17 µs a round on average; with this
-/// budget (and the progress thread no longer napping beside a running operation, see the communicator's lane)
-/// 2-12% and 2-5 µs.
+/// a futex wake-up reaches it tens of µs later. A shorter budget (300 checks and 20 yields) left a sizeable share
+/// of a large all-reduce's rounds waiting on wake-ups; the figures are in `docs/perf/host-collectives.md` ("The
+/// figures behind the code's choices").
 const YIELD_FOR: Duration = Duration::from_micros(500);
 const SLEEP_SLICE: Duration = Duration::from_millis(2);
 

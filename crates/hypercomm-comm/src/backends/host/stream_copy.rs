@@ -4,9 +4,8 @@
 //! so filling a cold output of `S` bytes moves `2S` through the memory bus. When a collective's whole output is
 //! larger than the cache can keep (an all-gather's output, a broadcast's buffer on the receivers), its lines are
 //! cold and will be evicted before anyone reads them again, and the read buys nothing. Non-temporal stores
-//! (`movntdq`) write whole lines straight to memory without reading them: on the 2-core development machine two
-//! threads filling 16 MiB outputs from a cached 1 MiB source ran 17.3-19.0 GB/s that way against 8.3-10.0 GB/s
-//! with `memcpy` (2026-11-23).
+//! (`movntdq`) write whole lines straight to memory without reading them, moving `S` instead of `2S` (about twice
+//! `memcpy`'s speed for a cold 16 MiB output; figures in `docs/perf/host-collectives.md`).
 //!
 //! Non-temporal stores are weakly ordered, so every copy ends with a store fence: once [`copy`] returns, the bytes
 //! are ordered before any later store of this thread (the release that hands the buffer to another thread).

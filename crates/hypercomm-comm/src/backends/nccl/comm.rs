@@ -25,9 +25,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// How long a wait re-polls at once, on the CPU it has. An enqueue that answers `ncclInProgress`, or a small
 /// collective's event, usually settles within microseconds, while the shortest `thread::sleep` costs the kernel's
-/// timer slack (about 50 µs on Linux): sleeping from the first poll turned a 14 µs two-rank all-reduce into
-/// 94 µs on the H100 (2026-11-22). `yield_now` is no better on a busy machine: it hands the core to another
-/// runnable thread for a whole time slice (80-900 µs per poll measured under the fake on a loaded 2-core machine).
+/// timer slack (about 50 µs on Linux): sleeping from the first poll multiplies a two-rank all-reduce's host time
+/// several times over (the GPU figures are in `docs/perf/nccl.md`). `yield_now` is no better on a busy machine: it
+/// hands the core to another runnable thread for a whole time slice.
 const SPIN: Duration = Duration::from_micros(50);
 
 /// After [`SPIN`], how long a wait yields the core between polls before it starts to sleep.
