@@ -346,6 +346,22 @@ impl HostBuf {
         })
     }
 
+    /// Issues an all-to-all with per-rank element counts: the buffer holds `send_counts[d]` elements for each
+    /// rank `d` back to back; the result holds `recv_counts[s]` elements from each rank `s` back to back.
+    pub(crate) fn all_to_all_v(
+        self,
+        comm: &Communicator,
+        send_counts: Vec<usize>,
+        recv_counts: Vec<usize>,
+    ) -> Result<Pending, CommError> {
+        let total = recv_counts.iter().sum();
+        each!(self, v, wrap => {
+            let out = vec![Default::default(); total];
+            let work = comm.all_to_all_v(v, send_counts, out, recv_counts)?;
+            Ok(Pending(Box::new(move || work.wait().map(|(_, out)| wrap(out)))))
+        })
+    }
+
     /// Issues `parts` as one batch (every part progresses at once; see `Communicator::batch`): the buffers come
     /// back in the parts' order, the receives filled. Every part holds the element type of the first.
     pub(crate) fn batch(
