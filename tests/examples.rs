@@ -1,7 +1,7 @@
 //! Every example is a program users copy: run each one (as built by `cargo test`) and require success.
 //!
-//! `candle_dp_tp` needs the feature `candle` (README's test command enables it); without it, its test is left out
-//! along with the example.
+//! `candle_dp_tp` and `candle_pp_ep` need the feature `candle` (README's test command enables it); without it,
+//! their tests are left out along with the examples.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -158,7 +158,7 @@ fn gpu_collection_runs_everywhere_and_on_the_fake_gpu() {
     assert!(!stdout.contains("no gpu"), "{stdout}");
 }
 
-/// `candle_dp_tp`'s per-step losses and final checksum, parsed from its output.
+/// A candle example's per-step losses and final checksum, parsed from its output.
 #[cfg(feature = "candle")]
 fn losses_and_checksum(out: &str) -> (Vec<f64>, f64) {
     let mut losses = Vec::new();
@@ -182,29 +182,61 @@ fn losses_and_checksum(out: &str) -> (Vec<f64>, f64) {
     )
 }
 
+/// Runs candle example `name` with each of `runs` (the first is the reference) and requires every run's 20 losses
+/// and final checksum to agree with the reference's to 1e-5 relative; returns the reference's output.
+#[cfg(feature = "candle")]
+fn assert_runs_train_alike(name: &str, runs: &[&[&str]]) -> String {
+    let reference = run_example_with(name, runs[0]);
+    let (ref_losses, ref_sum) = losses_and_checksum(&reference);
+    assert_eq!(ref_losses.len(), 20, "{reference}");
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * a.abs().max(b.abs());
+    for args in &runs[1..] {
+        let parallel = run_example_with(name, args);
+        let (par_losses, par_sum) = losses_and_checksum(&parallel);
+        assert_eq!(par_losses.len(), 20, "{parallel}");
+        for (step, (a, b)) in ref_losses.iter().zip(&par_losses).enumerate() {
+            assert!(
+                close(*a, *b),
+                "{name} step {}: loss {a} ({}) vs {b} ({})",
+                step + 1,
+                runs[0].join(" "),
+                args.join(" ")
+            );
+        }
+        assert!(
+            close(ref_sum, par_sum),
+            "{name}: checksum {ref_sum} ({}) vs {par_sum} ({})",
+            runs[0].join(" "),
+            args.join(" ")
+        );
+    }
+    // Training does something: the last loss is well below the first.
+    assert!(ref_losses[19] < 0.5 * ref_losses[0], "{reference}");
+    reference
+}
+
 #[cfg(feature = "candle")]
 #[test]
 fn candle_dp_tp_four_ranks_train_like_one() {
-    let reference = run_example_with("candle_dp_tp", &["--tp", "1", "--dp", "1"]);
-    let parallel = run_example_with("candle_dp_tp", &["--tp", "2", "--dp", "2"]);
-    let (ref_losses, ref_sum) = losses_and_checksum(&reference);
-    let (par_losses, par_sum) = losses_and_checksum(&parallel);
-    assert_eq!(ref_losses.len(), 20, "{reference}");
-    assert_eq!(par_losses.len(), 20, "{parallel}");
-    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * a.abs().max(b.abs());
-    for (step, (a, b)) in ref_losses.iter().zip(&par_losses).enumerate() {
-        assert!(
-            close(*a, *b),
-            "step {}: loss {a} (1 rank) vs {b} (tp 2, dp 2)",
-            step + 1
-        );
-    }
-    assert!(
-        close(ref_sum, par_sum),
-        "checksum {ref_sum} (1 rank) vs {par_sum} (tp 2, dp 2)"
+    assert_runs_train_alike(
+        "candle_dp_tp",
+        &[&["--tp", "1", "--dp", "1"], &["--tp", "2", "--dp", "2"]],
     );
-    // Training does something: the last loss is well below the first.
-    assert!(ref_losses[19] < 0.5 * ref_losses[0], "{reference}");
+}
+
+#[cfg(feature = "candle")]
+#[test]
+fn candle_pp_ep_pipeline_and_experts_train_like_one_rank() {
+    // pp 2, ep 2 on 4 ranks (expert dp of 1: expert gradients only scaled), and on 8 ranks with dp 4 (expert dp
+    // of 2: expert gradients averaged over their replicas too).
+    assert_runs_train_alike(
+        "candle_pp_ep",
+        &[
+            &["--pp", "1", "--ep", "1"],
+            &["--pp", "2", "--ep", "2"],
+            &["--pp", "2", "--ep", "2", "--dp", "4"],
+        ],
+    );
 }
 
 #[cfg(all(feature = "candle", not(feature = "cuda")))]

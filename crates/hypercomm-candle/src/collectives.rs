@@ -52,7 +52,13 @@ impl TensorWork {
 
 /// Whether `t` goes through the group's NCCL communicator: a CUDA tensor in a build with feature `cuda`.
 pub(crate) fn on_device(t: &Tensor) -> bool {
-    cfg!(feature = "cuda") && t.device().is_cuda()
+    on_gpu(t.device())
+}
+
+/// Whether tensors on `device` go through the group's NCCL communicator: a CUDA device in a build with feature
+/// `cuda`.
+pub(crate) fn on_gpu(device: &Device) -> bool {
+    cfg!(feature = "cuda") && device.is_cuda()
 }
 
 impl TensorGroup {

@@ -51,9 +51,9 @@ pub(crate) fn collective(
 }
 
 /// The dtypes both candle's CUDA backend and NCCL carry.
-const SUPPORTED: &str = "u8, u32, i32, i64, f16, bf16, f32, f64";
+pub(crate) const SUPPORTED: &str = "u8, u32, i32, i64, f16, bf16, f32, f64";
 
-fn check_dtype(dtype: DType, op: &'static str, group: &str) -> Result<()> {
+pub(crate) fn check_dtype(dtype: DType, op: &'static str, group: &str) -> Result<()> {
     match dtype {
         DType::U8
         | DType::U32
@@ -179,7 +179,7 @@ impl Run<'_> {
 }
 
 /// The tensor's device must be the communicator's GPU; returns that GPU.
-fn check_same_device<'c>(
+pub(crate) fn check_same_device<'c>(
     group: &TensorGroup,
     comm: &'c Communicator,
     op: &'static str,

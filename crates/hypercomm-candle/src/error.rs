@@ -50,6 +50,17 @@ pub enum Error {
         /// Why the group cannot serve it, and what would.
         why: String,
     },
+    /// An argument does not fit the group or the operation: a peer outside the group, split sizes of the wrong
+    /// length or sum, parts of one exchange with different dtypes or devices.
+    #[error("{op} on group {group}: {what}")]
+    Argument {
+        /// The operation.
+        op: &'static str,
+        /// The group's name.
+        group: String,
+        /// What is wrong, with the offending values and the rule they broke.
+        what: String,
+    },
     /// A shape, dimension or size does not fit the operation.
     #[error("{op} on group {group}: {what}")]
     Shape {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use hypercomm_comm::Communicator;
 use process_group_collection::{GroupId, ProcessGroupCollection};
 
-use crate::Result;
+use crate::{Error, Result};
 
 #[derive(Debug, Clone)]
 enum Source {
@@ -84,5 +84,14 @@ impl TensorGroup {
     /// Number of ranks in the group.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// An [`Error::Argument`] of `op` on this group: `what` names the offending value and the rule it broke.
+    pub(crate) fn argument_error(&self, op: &'static str, what: String) -> Error {
+        Error::Argument {
+            op,
+            group: self.name.clone(),
+            what,
+        }
     }
 }

@@ -6,7 +6,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Device, Layout, Shape, Tensor};
 use half::{bf16, f16};
-use hypercomm_comm::{CommError, Communicator, ReduceOp};
+use hypercomm_comm::{CommError, Communicator, Element, P2p, ReduceOp};
 
 use crate::{Error, Result};
 
@@ -117,7 +117,13 @@ impl<B> std::fmt::Debug for Pending<B> {
 
 /// Why a tensor cannot be moved by a host communicator, if it cannot.
 pub(crate) fn check_tensor(t: &Tensor, op: &'static str, group: &str) -> Result<()> {
-    if !t.device().is_cpu() {
+    check_device(t.device(), op, group)?;
+    HostBuf::empty(t.dtype(), op, group).map(|_| ())
+}
+
+/// Why tensors on `device` cannot be moved by a host communicator, if they cannot.
+pub(crate) fn check_device(device: &Device, op: &'static str, group: &str) -> Result<()> {
+    if !device.is_cpu() {
         let why = if cfg!(feature = "cuda") {
             "the host backend serves only cpu tensors (cuda tensors go through the group's nccl communicator)"
         } else {
@@ -127,11 +133,80 @@ pub(crate) fn check_tensor(t: &Tensor, op: &'static str, group: &str) -> Result<
         return Err(Error::UnsupportedDevice {
             op,
             group: group.to_owned(),
-            device: format!("{:?}", t.device().location()),
+            device: format!("{:?}", device.location()),
             why: why.into(),
         });
     }
-    HostBuf::empty(t.dtype(), op, group).map(|_| ())
+    Ok(())
+}
+
+/// An element type of [`HostBuf`], with its variant: an operation on several buffers at once (a batch) takes
+/// every one as the same typed vector.
+pub(crate) trait HostElement: Element {
+    /// The vector as its variant.
+    fn wrap(v: Vec<Self>) -> HostBuf;
+    /// The vector of `buf`, or `buf` back when it holds another type.
+    fn take(buf: HostBuf) -> Result<Vec<Self>, HostBuf>;
+}
+
+macro_rules! host_element {
+    ($($t:ty => $variant:ident),* $(,)?) => {$(
+        impl HostElement for $t {
+            fn wrap(v: Vec<Self>) -> HostBuf {
+                HostBuf::$variant(v)
+            }
+
+            fn take(buf: HostBuf) -> Result<Vec<Self>, HostBuf> {
+                match buf {
+                    HostBuf::$variant(v) => Ok(v),
+                    other => Err(other),
+                }
+            }
+        }
+    )*};
+}
+
+host_element!(u8 => U8, u32 => U32, i32 => I32, i64 => I64, f16 => F16, bf16 => BF16, f32 => F32, f64 => F64);
+
+/// Issues `parts` as one batch of `T` vectors on `comm`; a part of another type is refused before anything is
+/// sent.
+fn batch_of<T: HostElement>(
+    comm: &Communicator,
+    parts: Vec<P2p<HostBuf>>,
+) -> Result<Pending<Vec<HostBuf>>, CommError> {
+    let typed = parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, part)| {
+            let retype = |buf: HostBuf| {
+                T::take(buf).map_err(|other| CommError::InvalidArgument {
+                    comm: comm.name().to_owned(),
+                    what: format!(
+                        "batch part {i} holds {} elements, not {} like part 0",
+                        other.dtype_name(),
+                        T::DTYPE
+                    ),
+                })
+            };
+            Ok(match part {
+                P2p::Send { buf, peer, tag } => P2p::Send {
+                    buf: retype(buf)?,
+                    peer,
+                    tag,
+                },
+                P2p::Recv { buf, peer, tag } => P2p::Recv {
+                    buf: retype(buf)?,
+                    peer,
+                    tag,
+                },
+            })
+        })
+        .collect::<Result<Vec<_>, CommError>>()?;
+    let work = comm.batch(typed)?;
+    Ok(Pending::new(move || {
+        work.wait()
+            .map(|bufs| bufs.into_iter().map(T::wrap).collect())
+    }))
 }
 
 impl HostBuf {
@@ -155,6 +230,21 @@ impl HostBuf {
                 });
             }
         })
+    }
+
+    /// `n` zeros of `dtype`, or the error naming an unsupported dtype.
+    pub(crate) fn zeros(dtype: DType, n: usize, op: &'static str, group: &str) -> Result<HostBuf> {
+        let mut buf = HostBuf::empty(dtype, op, group)?;
+        each!(&mut buf, v, _wrap => v.resize(n, Default::default()));
+        Ok(buf)
+    }
+
+    /// The element type's name, as the communicator names it (`f32`).
+    pub(crate) fn dtype_name(&self) -> hypercomm_comm::DType {
+        fn name<T: Element>(_: &[T]) -> hypercomm_comm::DType {
+            T::DTYPE
+        }
+        each!(self, v, _wrap => name(v))
     }
 
     /// The elements of a CPU tensor in row-major order (a non-contiguous tensor is read through its layout).
@@ -254,6 +344,43 @@ impl HostBuf {
             let work = comm.all_gather_into(v, out)?;
             Ok(Pending(Box::new(move || work.wait().map(|(_, out)| wrap(out)))))
         })
+    }
+
+    /// Issues an all-to-all with per-rank element counts: the buffer holds `send_counts[d]` elements for each
+    /// rank `d` back to back; the result holds `recv_counts[s]` elements from each rank `s` back to back.
+    pub(crate) fn all_to_all_v(
+        self,
+        comm: &Communicator,
+        send_counts: Vec<usize>,
+        recv_counts: Vec<usize>,
+    ) -> Result<Pending, CommError> {
+        let total = recv_counts.iter().sum();
+        each!(self, v, wrap => {
+            let out = vec![Default::default(); total];
+            let work = comm.all_to_all_v(v, send_counts, out, recv_counts)?;
+            Ok(Pending(Box::new(move || work.wait().map(|(_, out)| wrap(out)))))
+        })
+    }
+
+    /// Issues `parts` as one batch (every part progresses at once; see `Communicator::batch`): the buffers come
+    /// back in the parts' order, the receives filled. Every part holds the element type of the first.
+    pub(crate) fn batch(
+        comm: &Communicator,
+        parts: Vec<P2p<HostBuf>>,
+    ) -> Result<Pending<Vec<HostBuf>>, CommError> {
+        let Some(first) = parts.first() else {
+            return Ok(Pending::new(|| Ok(Vec::new())));
+        };
+        match first.buf() {
+            HostBuf::U8(_) => batch_of::<u8>(comm, parts),
+            HostBuf::U32(_) => batch_of::<u32>(comm, parts),
+            HostBuf::I32(_) => batch_of::<i32>(comm, parts),
+            HostBuf::I64(_) => batch_of::<i64>(comm, parts),
+            HostBuf::F16(_) => batch_of::<f16>(comm, parts),
+            HostBuf::BF16(_) => batch_of::<bf16>(comm, parts),
+            HostBuf::F32(_) => batch_of::<f32>(comm, parts),
+            HostBuf::F64(_) => batch_of::<f64>(comm, parts),
+        }
     }
 
     /// Issues a reduce-scatter: the buffer holds one block per rank; the result is the reduction of every rank's

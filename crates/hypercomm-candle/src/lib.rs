@@ -1,5 +1,5 @@
-//! Data- and tensor-parallel training of [candle](https://github.com/huggingface/candle) models over hypercomm's
-//! process groups.
+//! Data-, tensor-, pipeline- and expert-parallel training of [candle](https://github.com/huggingface/candle)
+//! models over hypercomm's process groups.
 //!
 //! 1. Build a [`ProcessGroupCollection`](process_group_collection::ProcessGroupCollection) for your layout, put it
 //!    in an `Arc`, and take the groups you train over as [`TensorGroup`]s (`TensorGroup::kind(&pgc, "tp")`).
@@ -7,9 +7,13 @@
 //!    [`all_reduce_async`](TensorGroup::all_reduce_async)), [`all_gather`](TensorGroup::all_gather) and
 //!    [`reduce_scatter`](TensorGroup::reduce_scatter) along a dimension, [`broadcast`](TensorGroup::broadcast).
 //!    candle tensors are immutable: each returns its result as a new tensor.
-//! 3. Split layers over the tensor-parallel group with [`tp::ColumnParallelLinear`], [`tp::RowParallelLinear`]
+//! 3. Move tensors between stages and experts: [`send`](TensorGroup::send), [`recv`](TensorGroup::recv), and
+//!    [`exchange`](TensorGroup::exchange), a batch of sends and receives ([`TensorP2p`]) that progress together
+//!    (pipeline parallelism); [`all_to_all_v`](TensorGroup::all_to_all_v), an all-to-all of rows with split sizes
+//!    (expert parallelism's token dispatch and combine), differentiable.
+//! 4. Split layers over the tensor-parallel group with [`tp::ColumnParallelLinear`], [`tp::RowParallelLinear`]
 //!    and [`tp::ParallelMlp`], built from the full weights so they compute what a single-rank model computes.
-//! 4. After `loss.backward()`, average the gradients over the data-parallel group with [`GradSync`] (bucketed,
+//! 5. After `loss.backward()`, average the gradients over the data-parallel group with [`GradSync`] (bucketed,
 //!    overlapping communication with flattening), then step any candle optimizer.
 //!
 //! Tensors on the CPU go through the host backend (shared memory or TCP). Element types: u8, u32, i32, i64, f16,
@@ -44,6 +48,7 @@
 //! stream-ordered on candle's stream with no trip through host memory. The feature builds candle's CUDA backend,
 //! which needs `nvcc` at build time, so it is never a default; without it a CUDA tensor is an error saying so.
 
+mod all_to_all;
 mod bucket;
 mod collectives;
 pub mod ddp;
@@ -53,6 +58,7 @@ mod error;
 mod group;
 mod host;
 mod kind;
+mod p2p;
 mod symmetric;
 pub mod tp;
 
@@ -68,3 +74,4 @@ pub use ddp::{DEFAULT_BUCKET_BYTES, GradSync, SyncStats};
 pub use error::{Error, Result};
 pub use group::TensorGroup;
 pub use hypercomm_comm::ReduceOp;
+pub use p2p::TensorP2p;
