@@ -73,8 +73,26 @@ impl<T: Element> Buffer for Vec<T> {
     }
 }
 
+/// Refuses a host reduction of a type the host does not reduce (the 8-bit floats), naming the way out.
+pub(crate) fn host_reduces<T: Element>(comm: &Communicator, op: &str) -> Result<(), CommError> {
+    if T::DTYPE.is_float8() {
+        return Err(crate::checks::invalid(
+            comm.name(),
+            format!(
+                "{op} of {} on host buffers is not supported: the host flavor moves 8-bit floats but does not \
+                 reduce them; reduce on a device buffer (NCCL 2.24 or newer), or in f32 or bf16",
+                T::DTYPE
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl<T: Element> sealed::Flavored for Vec<T> {
     fn run_one(comm: &Communicator, op: Op, mut buf: Self) -> Result<Work<Self>, CommError> {
+        if op.reduces() {
+            host_reduces::<T>(comm, op.name())?;
+        }
         comm.submit(move |b| {
             execute(b, &op, Io::InPlace(as_bytes_mut(&mut buf)), T::DTYPE)?;
             Ok(buf)
@@ -88,6 +106,9 @@ impl<T: Element> sealed::Flavored for Vec<T> {
         input: Self,
         mut output: Self,
     ) -> Result<Work<(Self, Self)>, CommError> {
+        if op.reduces() {
+            host_reduces::<T>(comm, op.name())?;
+        }
         comm.submit(move |b| {
             execute(
                 b,

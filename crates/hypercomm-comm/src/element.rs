@@ -29,11 +29,16 @@ pub enum DType {
     U32 = 9,
     /// Unsigned 64-bit integer.
     U64 = 10,
+    /// 8-bit float, 4 exponent and 3 mantissa bits (`float8::F8E4M3`, OCP's E4M3FN). Moved by every operation;
+    /// reduced only on a device (NCCL 2.24 or newer): a host reduction of it is refused.
+    F8E4M3 = 11,
+    /// 8-bit float, 5 exponent and 2 mantissa bits (`float8::F8E5M2`). As [`DType::F8E4M3`].
+    F8E5M2 = 12,
 }
 
 impl DType {
     /// Every element type, in tag order.
-    pub const ALL: [DType; 10] = [
+    pub const ALL: [DType; 12] = [
         DType::F32,
         DType::F64,
         DType::F16,
@@ -44,12 +49,14 @@ impl DType {
         DType::I64,
         DType::U32,
         DType::U64,
+        DType::F8E4M3,
+        DType::F8E5M2,
     ];
 
     /// Size of one element in bytes.
     pub const fn size(self) -> usize {
         match self {
-            DType::I8 | DType::U8 => 1,
+            DType::I8 | DType::U8 | DType::F8E4M3 | DType::F8E5M2 => 1,
             DType::F16 | DType::BF16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -69,12 +76,22 @@ impl DType {
             DType::I64 => "i64",
             DType::U32 => "u32",
             DType::U64 => "u64",
+            DType::F8E4M3 => "f8e4m3",
+            DType::F8E5M2 => "f8e5m2",
         }
     }
 
     /// Whether the type is an integer (affects [`ReduceOp::Avg`]).
     pub const fn is_integer(self) -> bool {
-        !matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+        !matches!(
+            self,
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2
+        )
+    }
+
+    /// Whether the type is one of the 8-bit floats, which the host flavor moves but does not reduce.
+    pub const fn is_float8(self) -> bool {
+        matches!(self, DType::F8E4M3 | DType::F8E5M2)
     }
 
     /// The tag for a wire value, if it names a type.
@@ -142,7 +159,8 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A type a collective can carry: `f32`, `f64`, `half::f16`, `half::bf16`, `i8`, `u8`, `i32`, `i64`, `u32`, `u64`.
+/// A type a collective can carry: `f32`, `f64`, `half::f16`, `half::bf16`, `i8`, `u8`, `i32`, `i64`, `u32`, `u64`,
+/// `float8::F8E4M3`, `float8::F8E5M2`.
 ///
 /// The trait is sealed. Every implementor is plain old data: no padding, no invalid bit patterns, alignment equal
 /// to its size. [`as_bytes`] and [`as_bytes_mut`] rely on that.
@@ -164,7 +182,7 @@ macro_rules! element {
 
 element!(
     f32 => F32, f64 => F64, half::f16 => F16, half::bf16 => BF16, i8 => I8, u8 => U8,
-    i32 => I32, i64 => I64, u32 => U32, u64 => U64,
+    i32 => I32, i64 => I64, u32 => U32, u64 => U64, float8::F8E4M3 => F8E4M3, float8::F8E5M2 => F8E5M2,
 );
 
 /// The bytes of a typed slice.
@@ -214,6 +232,12 @@ mod tests {
     fn sizes_match_rust_types() {
         assert_eq!(DType::F16.size(), std::mem::size_of::<half::f16>());
         assert_eq!(DType::U64.size(), std::mem::size_of::<u64>());
+        assert_eq!(DType::F8E4M3.size(), std::mem::size_of::<float8::F8E4M3>());
+        assert_eq!(DType::F8E5M2.size(), std::mem::size_of::<float8::F8E5M2>());
+        assert_eq!(<float8::F8E5M2 as Element>::DTYPE, DType::F8E5M2);
+        assert!(
+            DType::F8E4M3.is_float8() && !DType::F8E4M3.is_integer() && !DType::BF16.is_float8()
+        );
         assert_eq!(<i8 as Element>::DTYPE, DType::I8);
         for d in DType::ALL {
             assert_eq!(DType::from_tag(d as u32), Some(d));

@@ -1,7 +1,9 @@
 //! Communicators for hypercomm: one [`Communicator`] face, flavors behind it.
 //!
 //! 1. Pick element types: anything implementing the sealed [`Element`] trait (`f32`, `f64`, `half::f16`,
-//!    `half::bf16`, `i8`, `u8`, `i32`, `i64`, `u32`, `u64`), and a [`ReduceOp`] for reducing collectives.
+//!    `half::bf16`, `i8`, `u8`, `i32`, `i64`, `u32`, `u64`, and the 8-bit floats `float8::F8E4M3` and
+//!    `float8::F8E5M2`, which the host moves but reduces only on a device), and a [`ReduceOp`] for reducing
+//!    collectives.
 //! 2. Create a communicator collectively with [`Communicator::new`] (host memory only) or
 //!    [`Communicator::with_gpu`] (host memory and one GPU's): a shared [`Store`](hypercomm_store::Store), the
 //!    member list, this rank's id and [`CommOptions`]. Options a flavor cannot honour are rejected by name, never

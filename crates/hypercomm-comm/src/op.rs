@@ -128,6 +128,14 @@ impl Op {
         }
     }
 
+    /// Whether the operation combines the ranks' values (rather than only moving them).
+    pub fn reduces(&self) -> bool {
+        matches!(
+            self,
+            Op::AllReduce(_) | Op::Reduce { .. } | Op::ReduceScatter(_)
+        )
+    }
+
     /// Checks the operation's local arguments on `group` with buffers of `shape`: roots and peers are ranks,
     /// counts have one entry per rank, and lengths fit the operation. Runs once, before any flavor; an error
     /// names the communicator and the offending value.

@@ -29,6 +29,8 @@ pub(crate) enum ReduceFault {
     Layout,
     /// A source's length differs from the output's.
     Length { expected: usize, got: usize },
+    /// The host does not reduce this type (the 8-bit floats; the face refuses such calls before they run).
+    Unsupported(DType),
 }
 
 /// Reduces `srcs` (one per contributing rank, in rank order) into `out` with `op`. `ranks` is the divisor for
@@ -61,6 +63,7 @@ pub(crate) fn reduce(
         DType::I64 => reduce_typed::<i64>(op, srcs, out, ranks),
         DType::U32 => reduce_typed::<u32>(op, srcs, out, ranks),
         DType::U64 => reduce_typed::<u64>(op, srcs, out, ranks),
+        DType::F8E4M3 | DType::F8E5M2 => Err(ReduceFault::Unsupported(dtype)),
     }
 }
 

@@ -76,6 +76,43 @@ fn suite_knobs_reach_ncclconfig() {
 }
 
 #[test]
+fn suite_nccl_before_2_24_refuses_the_8_bit_floats() {
+    pass_under_fake(
+        "fake_nccl_before_2_24_refuses_the_8_bit_floats",
+        &[("FAKE_NCCL_VERSION", "22300")],
+    );
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_nccl_before_2_24_refuses_the_8_bit_floats"]
+fn fake_nccl_before_2_24_refuses_the_8_bit_floats() {
+    let gpu = Gpu::open(runtime(), 0).unwrap();
+    let comm = Communicator::with_gpu(
+        Arc::clone(&gpu),
+        Arc::new(MemoryStore::new()),
+        vec![0],
+        0,
+        CommOptions::named("old-fp8"),
+    )
+    .unwrap();
+    let buf = gpu.upload(&[float8::F8E4M3::from_f32(1.0); 2]).unwrap();
+    let e = comm.broadcast(buf, 0).expect_err("refused");
+    let text = e.to_string();
+    assert!(matches!(e, CommError::Unavailable { .. }), "{text}");
+    assert!(
+        text.contains("f8e4m3") && text.contains("2.24") && text.contains("2.23"),
+        "{text}"
+    );
+    // Other types still run.
+    let ok = comm
+        .broadcast(gpu.upload(&[2.5f32]).unwrap(), 0)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(ok.download().unwrap(), [2.5]);
+}
+
+#[test]
 fn suite_old_nccl_refuses_new_knobs_and_still_shrinks() {
     pass_under_fake(
         "fake_old_nccl_refuses_what_it_lacks",

@@ -10,6 +10,7 @@ pub(crate) fn width(dtype: i32) -> Option<usize> {
     Some(match dtype {
         0 | 1 => 1,
         6 | 9 => 2,
+        10 | 11 => 1,
         2 | 3 | 7 => 4,
         4 | 5 | 8 => 8,
         _ => return None,
@@ -121,6 +122,34 @@ float!(bf16, |v: bf16| f64::from(v.to_f32()), |v: f64| {
     bf16::from_f32(v as f32)
 });
 
+/// The 8-bit floats (NCCL 2.24's `ncclFloat8e4m3`, `ncclFloat8e5m2`), reduced in f32 and rounded once, as NCCL does.
+macro_rules! float8 {
+    ($t:ty) => {
+        impl Element for $t {
+            fn read(b: &[u8]) -> Self {
+                <$t>::from_bits(b[0])
+            }
+            fn write(self, out: &mut [u8]) {
+                out[0] = self.to_bits();
+            }
+            fn combine(self, other: Self, op: i32) -> Self {
+                let (a, b) = (self.to_f32(), other.to_f32());
+                <$t>::from_f32(match op {
+                    1 => a * b,
+                    2 => a.max(b),
+                    3 => a.min(b),
+                    _ => a + b,
+                })
+            }
+            fn divide(self, n: usize) -> Self {
+                <$t>::from_f32(self.to_f32() / n as f32)
+            }
+        }
+    };
+}
+float8!(float8::F8E4M3);
+float8!(float8::F8E5M2);
+
 fn reduce_as<T: Element>(inputs: &[&[u8]], op: i32) -> Vec<u8> {
     let w = std::mem::size_of::<T>();
     let mut out = inputs[0].to_vec();
@@ -160,6 +189,8 @@ pub(crate) fn reduce(dtype: i32, op: i32, inputs: &[&[u8]]) -> Result<Vec<u8>, S
         7 => reduce_as::<f32>(inputs, op),
         8 => reduce_as::<f64>(inputs, op),
         9 => reduce_as::<bf16>(inputs, op),
+        10 => reduce_as::<float8::F8E4M3>(inputs, op),
+        11 => reduce_as::<float8::F8E5M2>(inputs, op),
         _ => return Err(format!("the fake cannot reduce {}", type_name(dtype))),
     })
 }
@@ -194,6 +225,14 @@ mod tests {
             reduce(6, 0, &[&x, &y]).unwrap(),
             bytes(&[f16::from_f32(3.75)])
         );
+        // The 8-bit floats, each by its own encoding: 1.5 + 2 = 3.5 in both.
+        let e4m3: fn(f32) -> u8 = |v| float8::F8E4M3::from_f32(v).to_bits();
+        let e5m2: fn(f32) -> u8 = |v| float8::F8E5M2::from_f32(v).to_bits();
+        for (dtype, enc) in [(10, e4m3), (11, e5m2)] {
+            let (x, y) = ([enc(1.5)], [enc(2.0)]);
+            assert_eq!(reduce(dtype, 0, &[&x, &y]).unwrap(), [enc(3.5)]);
+            assert_eq!(width(dtype), Some(1));
+        }
         // f16 and bf16 bytes differ for the same value.
         let (x, y) = (
             bytes(&[bf16::from_f32(1.5)]),
@@ -204,7 +243,7 @@ mod tests {
             bytes(&[bf16::from_f32(3.75)])
         );
         assert_eq!(reduce(1, 0, &[&[200u8][..], &[100u8][..]]).unwrap(), [44u8]);
-        assert!(reduce(10, 0, &[&[1u8][..]]).is_err(), "fp8 is not reduced");
+        assert!(reduce(12, 0, &[&[1u8][..]]).is_err(), "a type NCCL lacks");
         assert!(reduce(2, 5, &[&a]).is_err());
     }
 }

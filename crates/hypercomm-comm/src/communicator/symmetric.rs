@@ -39,6 +39,7 @@ impl Communicator {
         buf: SymmetricBuffer<T>,
         op: ReduceOp,
     ) -> Result<Work<SymmetricBuffer<T>>, CommError> {
+        crate::buffer::host_reduces::<T>(self, "all_reduce_symmetric")?;
         self.submit_symmetric(buf, SymmetricOp::AllReduce(op))
     }
 
@@ -63,6 +64,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<Work<SymmetricBuffer<T>>, CommError> {
         self.check_multiple("reduce_scatter_symmetric buffer", buf.len())?;
+        crate::buffer::host_reduces::<T>(self, "reduce_scatter_symmetric")?;
         self.submit_symmetric(buf, SymmetricOp::ReduceScatter(op))
     }
 

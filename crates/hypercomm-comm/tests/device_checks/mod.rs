@@ -8,6 +8,7 @@
 //!   ([`in_place_all_gather_and_reduce_scatter`]); all_to_all_v with zero counts
 //!   ([`all_to_all_v_with_zero_counts`]); gather and scatter from every root
 //!   ([`gather_and_scatter_from_every_root`]); and what NCCL cannot run, refused with the reason ([`refusals`]).
+//! - The 8-bit floats moved and reduced ([`float8_moves_and_reduces`]).
 //! - A barrier that waits for the device work issued before it ([`barrier_orders_device_work`]).
 //! - A ring exchanged in one batch of sends and receives, in both orders ([`ring_in_one_batch`]).
 //! - Twin communicators overlapping on their own streams ([`twins_overlap_in_opposite_orders`]), and a rank that
@@ -396,6 +397,41 @@ pub fn warm_up(gpu: &Arc<Gpu>, ag: &Communicator, dp: &Communicator) {
     )
     .and_then(|w| w.wait())
     .expect("warming up the reduce-scatter twin");
+}
+
+/// The 8-bit floats on the device: an all-gather of e4m3 values and a sum of e5m2 values, exact in both formats
+/// (small integers), and a batch exchange of e4m3 around the ring.
+pub fn float8_moves_and_reduces(comm: &Communicator, gpu: &Arc<Gpu>) {
+    use float8::{F8E4M3, F8E5M2};
+    let (n, rank) = (comm.size(), comm.rank());
+    let mine: Vec<F8E4M3> = (0..4)
+        .map(|i| F8E4M3::from_f32((rank + i) as f32))
+        .collect();
+    let (_, all) =
+        done(comm.all_gather_into(on_device(gpu, &mine), gpu.alloc_zeros(4 * n).unwrap()));
+    let want: Vec<F8E4M3> = (0..n)
+        .flat_map(|r| (0..4).map(move |i| F8E4M3::from_f32((r + i) as f32)))
+        .collect();
+    same(&all.download().unwrap(), &want, "f8e4m3 all_gather");
+    let ones = vec![F8E5M2::from_f32(1.0); 8];
+    let sum = done(comm.all_reduce(on_device(gpu, &ones), ReduceOp::Sum));
+    same(
+        &sum.download().unwrap(),
+        &[F8E5M2::from_f32(n as f32); 8],
+        "f8e5m2 sum",
+    );
+    if n > 1 {
+        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        let bufs = done(comm.batch(vec![
+            P2p::send(on_device(gpu, &[F8E4M3::from_f32(rank as f32); 3]), next),
+            P2p::recv(gpu.alloc_zeros::<F8E4M3>(3).unwrap(), prev),
+        ]));
+        same(
+            &bufs[1].download().unwrap(),
+            &[F8E4M3::from_f32(prev as f32); 3],
+            "f8e4m3 batch",
+        );
+    }
 }
 
 /// A barrier on a communicator with a GPU orders device work: every rank issues a device all-reduce of `len`

@@ -209,6 +209,14 @@ fn fake_gather_and_scatter_on_device_from_every_root() {
 
 #[test]
 #[ignore = "run under fake-gpu by suite_ranks_as_threads"]
+fn fake_float8_moves_and_reduces_on_device() {
+    on_three_ranks("float8", |comm, gpu| {
+        device_checks::float8_moves_and_reduces(comm, gpu)
+    });
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_ranks_as_threads"]
 fn fake_a_barrier_waits_for_the_device_work_before_it() {
     on_three_ranks("barrier", |comm, gpu| {
         device_checks::barrier_orders_device_work(comm, gpu, 1 << 16, Duration::from_millis(300))

@@ -238,7 +238,8 @@ impl Gpu {
         let unpack = by_width(hypercomm_kernels::unpack_kernel)?;
         let mut fill = Vec::new();
         let mut verify = Vec::new();
-        for d in DType::ALL {
+        // The pattern kernels cover the types with arithmetic in CUDA C; the 8-bit floats have none there.
+        for d in DType::ALL.into_iter().filter(|d| !d.is_float8()) {
             fill.push((
                 d,
                 function(&fill_mod, &hypercomm_kernels::fill_kernel(d.name()))?,

@@ -56,7 +56,7 @@ fn progress(
     }
 }
 
-/// NCCL's type for a hypercomm element type (`ncclFloat8*` have no hypercomm counterpart).
+/// NCCL's type for a hypercomm element type (the 8-bit floats need NCCL 2.24: see [`FLOAT8_VERSION`]).
 pub(crate) fn nccl_dtype(dtype: DType) -> ncclDataType_t {
     match dtype {
         DType::F32 => sys::ncclFloat32,
@@ -69,8 +69,13 @@ pub(crate) fn nccl_dtype(dtype: DType) -> ncclDataType_t {
         DType::I64 => sys::ncclInt64,
         DType::U32 => sys::ncclUint32,
         DType::U64 => sys::ncclUint64,
+        DType::F8E4M3 => sys::ncclFloat8e4m3,
+        DType::F8E5M2 => sys::ncclFloat8e5m2,
     }
 }
+
+/// The first NCCL release with the 8-bit float types (`ncclFloat8e4m3`, `ncclFloat8e5m2`).
+pub(crate) const FLOAT8_VERSION: nccl_sys::Version = nccl_sys::Version::new(2, 24, 0);
 
 /// NCCL's reduction for a hypercomm one (`ncclAvg` needs NCCL 2.10, older than anything with configs).
 pub(crate) fn nccl_op(op: ReduceOp) -> ncclRedOp_t {

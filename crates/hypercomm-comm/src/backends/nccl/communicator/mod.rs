@@ -256,7 +256,18 @@ impl DeviceCommunicator {
         crate::checks::invalid(&self.options.name, what)
     }
 
+    /// `b` must be on this communicator's device, of a type the loaded NCCL carries.
     fn check_device<T: Element>(&self, what: &str, b: &DeviceBuffer<T>) -> Result<(), CommError> {
+        let version = self.gpu.runtime().nccl().version();
+        if T::DTYPE.is_float8() && version < super::raw::FLOAT8_VERSION {
+            return Err(CommError::Unavailable {
+                what: format!("{} on communicator {}", T::DTYPE, self.options.name),
+                why: format!(
+                    "the 8-bit float types need NCCL {} or newer; the loaded NCCL is {version}",
+                    super::raw::FLOAT8_VERSION
+                ),
+            });
+        }
         if b.device() != self.gpu.ordinal() {
             return Err(self.invalid(format!(
                 "{what} is on device {} but the communicator is on device {}",
