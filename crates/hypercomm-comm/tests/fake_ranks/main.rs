@@ -9,7 +9,8 @@
 //! - [`splits`]: a non-blocking split and shrink giving working children;
 //! - [`streams`]: results ordered without a CPU wait, twin communicators on their own streams;
 //! - [`failures`]: timeouts, aborts and asynchronous errors, reported rather than hung;
-//! - [`placement`]: two ranks on one device (NCCL 2.30), ranks as processes.
+//! - [`placement`]: two ranks on one device (NCCL 2.30), ranks as processes;
+//! - [`raw`]: NCCL called directly on a communicator's handle, between hypercomm's operations.
 
 #[path = "../device_checks/mod.rs"]
 mod device_checks;
@@ -19,6 +20,7 @@ mod fake_support;
 mod collectives;
 mod failures;
 mod placement;
+mod raw;
 mod splits;
 mod streams;
 
@@ -62,6 +64,7 @@ fn suite_ranks_as_threads() {
         "collectives::fake_all_to_all_v_on_device_with_zero_counts",
         "collectives::fake_gather_and_scatter_on_device_from_every_root",
         "collectives::fake_what_nccl_cannot_run_is_refused_with_the_reason",
+        "raw::fake_a_raw_nccl_call_runs_between_hypercomm_operations",
         "splits::fake_nonblocking_split_and_shrink_give_working_children",
         "streams::fake_results_are_ordered_without_a_cpu_wait",
         "streams::fake_all_gather_and_reduce_scatter_overlap_on_twin_communicators",

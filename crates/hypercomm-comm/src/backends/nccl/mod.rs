@@ -19,6 +19,7 @@ pub(crate) mod comm;
 pub(crate) mod communicator;
 pub(crate) mod config;
 pub(crate) mod gpu;
+pub(crate) mod placement;
 pub(crate) mod probe;
 pub(crate) mod raw;
 pub(crate) mod unique_id;
