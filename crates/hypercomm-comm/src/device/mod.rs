@@ -17,12 +17,11 @@
 //! Several ranks on one machine: [`placement`] gives each rank its device, one each where there are enough, and
 //! says what is missing when there are not (several ranks per GPU need NCCL [`MULTI_RANK_GPU_VERSION`]).
 //!
-//! Measure with [`bench`](mod@bench) (`hypercomm bench --backend nccl`): bandwidth per size, and the host time each
-//! call costs against calling NCCL directly. What has run on a GPU, and with which NCCL, is in
+//! `hypercomm bench --backend nccl` (the `hypercomm-bench` crate) measures bandwidth per size and the host time
+//! each call costs against calling NCCL directly. What has run on a GPU, and with which NCCL, is in
 //! `docs/gpu-validation.md`.
 
 pub use crate::backends::nccl::DeviceRuntime;
-pub use crate::backends::nccl::bench;
 pub use crate::backends::nccl::communicator::DeviceCommunicator;
 pub use crate::backends::nccl::gpu::{DeviceBuffer, Gpu};
 pub use crate::backends::nccl::placement::{MULTI_RANK_GPU_VERSION, placement};

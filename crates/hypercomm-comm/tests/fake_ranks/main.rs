@@ -103,10 +103,6 @@ fn suite_two_ranks_on_one_device_with_nccl_2_30() {
         "placement::fake_two_ranks_share_a_device_when_allowed",
         &env,
     );
-    pass_under_fake(
-        "placement::fake_bench_two_ranks_counts_calls_in_progress",
-        &env,
-    );
 }
 
 #[test]

@@ -14,7 +14,6 @@
 //!    NCCL calls; the handle ([`communicator::DeviceWork`], inside the public `Work`) orders a stream after it or
 //!    blocks until it is done.
 
-pub mod bench;
 pub(crate) mod comm;
 pub(crate) mod communicator;
 pub(crate) mod config;

@@ -177,11 +177,6 @@ impl DeviceCommunicator {
         &self.stream
     }
 
-    /// The NCCL communicator itself (for the benchmark's raw-call baseline).
-    pub(crate) fn nccl_comm(&self) -> &NcclComm {
-        &self.comm
-    }
-
     /// The options it was created with.
     pub fn options(&self) -> &CommOptions {
         &self.options
