@@ -10,17 +10,16 @@
 //!   of this process and then as 8 processes started by the launcher (this bench binary run again with
 //!   `--collection-worker`) sharing a TCP store, like for like with a multi-process Megatron-Core start-up.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hypercomm::grid::layout::LayoutConfig;
 use hypercomm::launch::Launcher;
-use hypercomm::pgc::bench::{Strategy, full_layout_8, median, time_builds, time_builds_as_rank};
 use hypercomm::pgc::cost::{simulate_relay_cost, simulate_store_cost};
 use hypercomm::store::{Rendezvous, Store};
-use support::{human, smoke_run};
+use hypercomm_bench::collection::{Strategy, full_layout_8, time_builds, time_builds_as_rank};
+use hypercomm_bench::harness::{human, smoke_run};
+use hypercomm_bench::median;
 
 /// One rank of the process run: times its builds and prints `<strategy> <microseconds>` per build.
 fn worker(repeats: usize) {
@@ -69,7 +68,7 @@ fn as_processes(repeats: usize) {
         println!(
             "{:>6}: median build time per rank {}",
             strategy.name(),
-            human(median(&times))
+            human(median(&times).unwrap_or_default())
         );
     }
 }
@@ -133,7 +132,7 @@ fn main() {
         println!(
             "{:>6}: {communicators} communicators per rank, median build time per rank {}",
             strategy.name(),
-            human(median(&times))
+            human(median(&times).unwrap_or_default())
         );
     }
     println!();

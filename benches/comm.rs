@@ -3,13 +3,14 @@
 //!
 //! `cargo bench --bench comm`; under `cargo test --benches` it runs a quick smoke pass.
 
-mod support;
-
 use hypercomm::comm::CommOptions;
-use hypercomm::comm::bench::{BenchConfig, BenchOp, Placement, run};
+use hypercomm_bench::BenchOp;
+use hypercomm_bench::cpus::Placement;
+use hypercomm_bench::harness::smoke_run;
+use hypercomm_bench::host::{BenchConfig, run};
 
 fn main() {
-    let smoke = support::smoke_run();
+    let smoke = smoke_run();
     let sizes = if smoke {
         vec![8, 4096]
     } else {

@@ -6,16 +6,16 @@
 //! quick smoke pass. Prints, per configuration, the median time per sync on rank 0 and the gradient bytes per
 //! second it amounts to.
 
-mod support;
-
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use hypercomm::candle::candle_core::{DType, Device, Tensor, Var};
 use hypercomm::candle::{GradSync, TensorGroup};
-use hypercomm::comm::bench::{Placement, rank_cpus};
 use hypercomm::comm::{CommOptions, Communicator};
 use hypercomm::store::{MemoryStore, Store};
+use hypercomm_bench::cpus::{Placement, bind_current_thread, rank_cpus};
+use hypercomm_bench::harness::smoke_run;
+use hypercomm_bench::median;
 
 const RANKS: usize = 2;
 
@@ -30,10 +30,8 @@ fn rank(
 ) -> (Vec<f64>, Vec<f64>) {
     // One CPU per rank, as `hypercomm bench` places its ranks.
     if let Some(cpus) = rank_cpus(Placement::OneCpuEach, RANKS) {
-        let mut set = rustix::thread::CpuSet::new();
-        set.set(cpus[me]);
         // Best effort: an unbound run still measures, only more noisily.
-        let _ = rustix::thread::sched_setaffinity(None, &set);
+        let _ = bind_current_thread(cpus[me]);
     }
     let bytes: usize = vars_len.iter().sum::<usize>() * 4;
     let comm = |name: &str, window: usize| {
@@ -89,7 +87,7 @@ fn rank(
 }
 
 fn main() {
-    let smoke = support::smoke_run();
+    let smoke = smoke_run();
     // 24 variables of 1 Mi f32 (96 MiB of gradients, four buckets of 25 MiB), as a 25M-parameter model's layers.
     let (vars, iters) = if smoke {
         (vec![1 << 12; 3], 2)
@@ -112,16 +110,16 @@ fn main() {
     let bytes = vars.iter().sum::<usize>() * 4;
     for (name, mut times) in [("vectors", vectors), ("symmetric window", window)] {
         times.sort_by(f64::total_cmp);
-        let median = times[times.len() / 2];
+        let med = median(&times).unwrap_or(f64::NAN);
         println!(
             "grad sync, {RANKS} ranks, {} KiB of f32 in 25 MiB buckets, {name:<16}: median {:>8.2} ms \
              ({:.2}-{:.2}) over {} calls, {:.2} GB/s of gradients",
             bytes >> 10,
-            median * 1e3,
+            med * 1e3,
             times[0] * 1e3,
             times[times.len() - 1] * 1e3,
             times.len(),
-            bytes as f64 / median / 1e9
+            bytes as f64 / med / 1e9
         );
     }
 }

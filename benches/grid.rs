@@ -9,13 +9,11 @@
 //!   describing all 22 of one rank's groups (`compact_memberships`): what `hypercomm layout --rank` does before
 //!   printing. Both must stay flat as the world grows; a per-rank loop anywhere shows here as a jump.
 
-mod support;
-
 use std::hint::black_box;
 
 use hypercomm::grid::Grid;
 use hypercomm::grid::layout::{LayoutConfig, ParallelLayout};
-use support::{human, median_per_call, smoke_run};
+use hypercomm_bench::harness::{human, median_per_call, smoke_run};
 
 fn stream_all(grid: &Grid, dims: &[&str]) -> usize {
     let mut groups = grid.groups(dims.iter().copied()).expect("dims exist");

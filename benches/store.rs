@@ -14,8 +14,6 @@
 //! (both ends live here), so the bench raises its own soft `RLIMIT_NOFILE` to the hard limit, and says so. The
 //! child processes are this bench binary itself, re-run with [`PEER_ENV`] or [`SERVER_ENV`] set.
 
-mod support;
-
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -27,6 +25,7 @@ use hypercomm::launch::Launcher;
 use hypercomm::store::{
     ClientOptions, Key, Rendezvous, SECRET_ENV, Secret, ServerOptions, Store, StoreRelay, TcpStore,
 };
+use hypercomm_bench::harness::{human, smoke_run};
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 
 const PEER_ENV: &str = "HYPERCOMM_BENCH_PEER";
@@ -46,7 +45,7 @@ fn main() {
         serve();
         return;
     }
-    let smoke = support::smoke_run();
+    let smoke = smoke_run();
     let (samples, many_samples, ops_per_client) = if smoke { (1, 1, 50) } else { (7, 3, 4000) };
     println!(
         "store benchmark (medians of {samples} samples; {many_samples} for the many-client figures)"
@@ -86,12 +85,12 @@ fn main() {
     let releases = median_duration((0..many_samples).map(|_| release_waiters(many)).collect());
     println!(
         "  one key released to {many} waiting clients: {} from the set to the last release",
-        support::human(releases)
+        human(releases)
     );
     let job = median_duration((0..many_samples).map(|_| whole_job(many)).collect());
     println!(
         "  whole-job rendezvous, {many} client connections (connect, set, add, wait for the last arrival): {}",
-        support::human(job)
+        human(job)
     );
     let relayed: Vec<(Duration, usize)> = (0..many_samples)
         .map(|_| whole_job_relayed(many / 2))
@@ -101,7 +100,7 @@ fn main() {
          connections",
         many / 2,
         (many / 2).div_ceil(8),
-        support::human(median_duration(relayed.iter().map(|r| r.0).collect())),
+        human(median_duration(relayed.iter().map(|r| r.0).collect())),
         median(relayed.iter().map(|r| r.1 as f64).collect()),
     );
     let procs = if smoke { 4 } else { 64 };
@@ -109,16 +108,16 @@ fn main() {
     let times = median_duration((0..rdv_samples).map(|_| rendezvous(procs)).collect());
     println!(
         "  {procs} processes rendezvous (spawn, connect, set, wait for all, exit): {}",
-        support::human(times)
+        human(times)
     );
 }
 
 fn median(values: Vec<f64>) -> f64 {
-    hypercomm::comm::bench::median(&values).unwrap_or(f64::NAN)
+    hypercomm_bench::median(&values).unwrap_or(f64::NAN)
 }
 
 fn median_duration(values: Vec<Duration>) -> Duration {
-    hypercomm::comm::bench::median(&values).unwrap_or_default()
+    hypercomm_bench::median(&values).unwrap_or_default()
 }
 
 /// Raises this process's soft open-file limit to its hard limit (children inherit it) and returns how many

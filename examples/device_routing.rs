@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypercomm::comm::device::{DeviceRuntime, Gpu, bench::placement};
+use hypercomm::comm::device::{DeviceRuntime, Gpu, placement};
 use hypercomm::comm::{CommError, CommOptions, Communicator, NcclOptions, ReduceOp};
 use hypercomm::store::MemoryStore;
 
@@ -28,7 +28,8 @@ fn gpus() -> Result<Vec<Arc<Gpu>>, String> {
         runtime.device_count(),
         runtime.nccl().version(),
         multi_rank,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     devices
         .into_iter()
         .map(|d| Gpu::open(Arc::clone(&runtime), d).map_err(|e| e.to_string()))

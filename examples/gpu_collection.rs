@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hypercomm::comm::ReduceOp;
-use hypercomm::comm::device::{DeviceRuntime, Gpu, bench::placement};
+use hypercomm::comm::device::{DeviceRuntime, Gpu, placement};
 use hypercomm::grid::layout::LayoutConfig;
 use hypercomm::pgc::{GroupOptions, ProcessGroupCollection};
 use hypercomm::store::{MemoryStore, Store};
@@ -30,7 +30,8 @@ fn gpus() -> Result<Vec<Arc<Gpu>>, String> {
         runtime.device_count(),
         runtime.nccl().version(),
         multi_rank,
-    )?
+    )
+    .map_err(|e| e.to_string())?
     .into_iter()
     .map(|d| Gpu::open(Arc::clone(&runtime), d).map_err(|e| e.to_string()))
     .collect()

@@ -30,10 +30,6 @@
 mod backend;
 mod backends;
 mod buffer;
-// Measuring code shared by the `hypercomm bench` command and `benches/`, not part of the library's face: public so
-// those two can reach it, hidden from the docs so users do not build on it.
-#[doc(hidden)]
-pub mod bench;
 mod checks;
 mod communicator;
 pub mod device;

@@ -13,8 +13,6 @@ mod fake_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypercomm_comm::bench::BenchOp;
-use hypercomm_comm::device::bench::{DeviceBenchConfig, run as run_bench};
 use hypercomm_comm::device::{DeviceBuffer, Gpu, StridedLayout};
 use hypercomm_comm::{CommError, CommOptions, Communicator, NcclOptions, ReduceOp};
 use hypercomm_store::MemoryStore;
@@ -171,11 +169,6 @@ fn suite_buffers_stay_ordered_when_the_gpu_is_slow() {
         "fake_a_buffer_left_on_a_stream_is_ordered_before_other_uses",
         &[("FAKE_GPU_STREAM_DELAY_MS", "30")],
     );
-}
-
-#[test]
-fn suite_bench_runs_end_to_end() {
-    pass_under_fake("fake_bench_reports_every_size_and_the_overhead", &[]);
 }
 
 #[test]
@@ -501,38 +494,6 @@ fn fake_old_nccl_refuses_what_it_lacks() {
     let shrunk = comm.shrink(&[]).unwrap();
     assert_eq!(nccl(&shrunk).name(), "old/shrink0/device");
     assert_eq!(all_reduced(&shrunk, &gpu, &[3i64], ReduceOp::Sum), [3]);
-}
-
-#[test]
-#[ignore = "run under fake-gpu by suite_bench_runs_end_to_end"]
-fn fake_bench_reports_every_size_and_the_overhead() {
-    let config = DeviceBenchConfig {
-        op: BenchOp::AllGather,
-        ranks: 1,
-        sizes: vec![8, 4096, 1 << 20],
-        options: CommOptions {
-            timeout: Duration::from_secs(20),
-            ..CommOptions::named("bench")
-        },
-        max_iters: 10,
-        overhead_calls: 20,
-        overhead_batches: 3,
-        multi_rank_gpu_enabled: false,
-    };
-    let seen = std::sync::Mutex::new(Vec::new());
-    let report = run_bench(runtime(), &config, &|r| seen.lock().unwrap().push(r.bytes)).unwrap();
-    assert_eq!(*seen.lock().unwrap(), [8, 4096, 1 << 20]);
-    assert_eq!(report.devices, [0]);
-    assert!(
-        report
-            .results
-            .iter()
-            .all(|r| r.transport == "nccl" && r.time_us >= 0.0)
-    );
-    let o = report.overhead.expect("overhead measured");
-    assert!(o.raw_ns > 0.0 && o.hypercomm_ns > 0.0, "{o:?}");
-    let two = DeviceBenchConfig { ranks: 2, ..config };
-    refused(run_bench(runtime(), &two, &|_| {}), "nccl >= 2.30.0");
 }
 
 #[test]

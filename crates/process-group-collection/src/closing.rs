@@ -78,7 +78,17 @@ mod tests {
     #[test]
     fn every_member_of_a_group_decides_alike() {
         let layouts = [
-            crate::bench::full_layout_8(),
+            // Every kind of group: tp, cp, pp, ep, two optimizer instances, hierarchical cp.
+            LayoutConfig::new(8)
+                .tp(2)
+                .cp(2)
+                .pp(2)
+                .ep(2)
+                .etp(1)
+                .dist_opt_instances(2)
+                .hcp_sizes(vec![2])
+                .build()
+                .unwrap(),
             LayoutConfig::new(16).tp(2).pp(2).ep(4).build().unwrap(),
             LayoutConfig::new(24).tp(2).cp(3).pp(2).build().unwrap(),
             LayoutConfig::new(8).build().unwrap(),

@@ -23,10 +23,6 @@
 //! requests per group, so its work grows with the number of groups it is in, not with the world ([`cost`]
 //! simulates the store traffic for worlds of any size). Dropping a collection releases every communicator.
 
-// Build timing shared by `hypercomm bench --collection` and `benches/collection.rs`; public for them, hidden from
-// the docs because it is not library API.
-#[doc(hidden)]
-pub mod bench;
 mod builder;
 mod closing;
 mod collection;

@@ -1,18 +1,24 @@
-//! `hypercomm bench`: nccl-tests-style collective benchmarks (table, JSON, busbw plot).
+//! `hypercomm bench`: nccl-tests-style collective benchmarks (table, JSON, busbw plot), a front over the
+//! `hypercomm-bench` crate, which measures; this module parses the arguments, prints, writes and draws.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use hypercomm_comm::bench::{self, BenchConfig, BenchOp, BenchResult, Placement, core_to_core};
+use hypercomm_bench::BenchOp;
+use hypercomm_bench::core_to_core;
+use hypercomm_bench::cpus::{Placement, rank_cpus};
+use hypercomm_bench::host::{self, BenchConfig};
+use hypercomm_bench::provenance::{Provenance, load_average};
+use hypercomm_bench::runs::Summary;
 use hypercomm_comm::{Algorithm, CommOptions};
 
-use super::provenance::Provenance;
+use super::bench_output::{plot, print_table_header, row, size_bar, write_json};
 use crate::error::CliError;
 use crate::numbers::non_negative;
 
 /// Which backend `hypercomm bench` measures.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum Backend {
+pub(super) enum Backend {
     /// The host backend: shared memory on one machine, TCP across machines.
     Host,
     /// NCCL on GPUs.
@@ -30,7 +36,7 @@ impl Backend {
 
 /// The host algorithm `hypercomm bench --algorithm` forces (see `hypercomm_comm::Algorithm`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum AlgorithmArg {
+pub(super) enum AlgorithmArg {
     Auto,
     Latency,
     Bandwidth,
@@ -192,13 +198,6 @@ fn parse_sizes(text: &str) -> Result<Vec<usize>, CliError> {
     Ok(sizes)
 }
 
-fn row(r: &BenchResult) -> String {
-    format!(
-        "{:>12} {:>11} {:>5} {:>11.2} {:>11.3} {:>11.3}",
-        r.bytes, r.count, "f32", r.time_us, r.algbw_gbps, r.busbw_gbps
-    )
-}
-
 /// Runs the benchmark and prints, writes and draws its results.
 pub fn run(args: Args) -> Result<(), CliError> {
     if args.collection {
@@ -222,7 +221,33 @@ pub fn run(args: Args) -> Result<(), CliError> {
         return Err(CliError::Usage("-n must be at least 1".into()));
     }
     if args.backend == Backend::Nccl {
-        return run_nccl(&args, op);
+        if args.tcp {
+            return Err(CliError::Usage(
+                "--tcp is a host transport; the nccl backend picks its own".into(),
+            ));
+        }
+        if args.runs != 1 {
+            return Err(CliError::Usage(
+                "--runs is for the host backend; with nccl, --overhead-batches repeats the timing"
+                    .into(),
+            ));
+        }
+        if args.algorithm != AlgorithmArg::Auto || args.in_place || args.processes {
+            let why = "--algorithm, --in-place and --processes are for the host backend (the nccl ranks are \
+                       threads, one GPU each, and NCCL picks its own algorithms)";
+            return Err(CliError::Usage(why.into()));
+        }
+        return super::bench_nccl::run(&super::bench_nccl::Settings {
+            op,
+            ranks: args.ranks,
+            sizes: parse_sizes(&args.sizes)?,
+            iters: args.iters,
+            overhead_calls: args.overhead_calls,
+            overhead_batches: args.overhead_batches,
+            blocking: args.blocking,
+            json: args.json.as_deref(),
+            plot: args.plot.as_deref(),
+        });
     }
     let ranks = args.ranks.unwrap_or(2);
     let sizes = parse_sizes(&args.sizes)?;
@@ -272,7 +297,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     if args.bench_worker {
         return super::bench_processes::worker(&config);
     }
-    let cpus = bench::rank_cpus(config.placement, ranks);
+    let cpus = rank_cpus(config.placement, ranks);
     println!(
         "# hypercomm bench: {} on {} ranks ({}), backend host, transport {}",
         op.name(),
@@ -317,7 +342,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     }
     let provenance = Provenance::start();
     let load_before = provenance.load_before();
-    let probe_cpus = probe_cpus(cpus.as_deref());
+    let probe_cpus = core_to_core::probe_pair(cpus.as_deref());
     let mut all_runs = Vec::with_capacity(args.runs);
     let mut trips = Vec::with_capacity(args.runs);
     for run in 0..args.runs {
@@ -334,7 +359,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             results
         } else {
             let bar = size_bar(sizes.len());
-            let results = bench::run(&config, &|r| {
+            let results = host::run(&config, &|r| {
                 bar.suspend(|| println!("{}", row(r)));
                 bar.inc(1);
             })
@@ -347,14 +372,14 @@ pub fn run(args: Args) -> Result<(), CliError> {
         all_runs.push(results);
         trips.push((before, after));
     }
-    let load_after = super::bench_runs::load_average();
-    let summary = super::bench_runs::Summary::of(&all_runs);
+    let load_after = load_average();
+    let summary = Summary::of(&all_runs);
     if args.runs > 1 {
         println!(
             "# {} runs; load average (1 min) {} before, {} after",
             args.runs,
-            super::bench_runs::show_load(load_before),
-            super::bench_runs::show_load(load_after)
+            show_load(load_before),
+            show_load(load_after)
         );
         print!("{}", summary.table());
     }
@@ -364,14 +389,11 @@ pub fn run(args: Args) -> Result<(), CliError> {
         let placement = serde_json::json!({
             "bound": cpus.is_some(),
             "cpus": cpus,
-            "requested": match config.placement {
-                Placement::OneCpuEach => "one-cpu-each",
-                Placement::Free => "free",
-            },
+            "requested": config.placement.name(),
         });
         let core_to_core = serde_json::json!({
             "cpus": probe_cpus.map(|(a, b)| [a, b]),
-            "batches": CORE_TO_CORE_BATCHES,
+            "batches": core_to_core::PROBE_BATCHES,
             "trips_per_batch": core_to_core::TRIPS_PER_BATCH,
             "median_ns_before_and_after_each_run": trips.iter().map(|(b, a)| [b, a]).collect::<Vec<_>>(),
         });
@@ -450,30 +472,14 @@ impl HostBuffers {
     }
 }
 
-/// Batches of round trips in each core-to-core probe (each batch is
-/// [`TRIPS_PER_BATCH`](core_to_core::TRIPS_PER_BATCH) trips): a few milliseconds.
-const CORE_TO_CORE_BATCHES: usize = 200;
-
-/// The two CPUs whose core-to-core round trip is reported: ranks 0 and 1's when bound, otherwise the first two
-/// this process may use; `None` with fewer than two.
-fn probe_cpus(bound: Option<&[usize]>) -> Option<(usize, usize)> {
-    match bound {
-        Some(&[a, b, ..]) => Some((a, b)),
-        _ => match bench::rank_cpus(Placement::OneCpuEach, 2)?.as_slice() {
-            &[a, b] => Some((a, b)),
-            _ => None,
-        },
-    }
+/// The median core-to-core round trip in ns between `cpus` ([`core_to_core::probe`]).
+fn probe(cpus: Option<(usize, usize)>) -> Result<Option<f64>, CliError> {
+    core_to_core::probe(cpus).map_err(|e| CliError::Failed(e.to_string()))
 }
 
-/// The median core-to-core round trip in ns between `cpus`, `None` when there are no two CPUs to measure.
-fn probe(cpus: Option<(usize, usize)>) -> Result<Option<f64>, CliError> {
-    let Some((a, b)) = cpus else {
-        return Ok(None);
-    };
-    core_to_core::round_trip(a, b, CORE_TO_CORE_BATCHES, Duration::from_secs(10))
-        .map(|t| Some(t.median_ns))
-        .map_err(|e| CliError::Failed(e.to_string()))
+/// A load average for a message: two decimals, or `unknown`.
+fn show_load(load: Option<f64>) -> String {
+    load.map_or_else(|| "unknown".to_owned(), |l| format!("{l:.2}"))
 }
 
 fn round_trip_text(
@@ -484,7 +490,7 @@ fn round_trip_text(
     match (cpus, before, after) {
         (Some((a, b)), Some(before), Some(after)) => format!(
             "core-to-core round trip, CPUs {a} and {b}: {before:.0} ns before the run, {after:.0} ns after \
-             (every shared-memory round waits on it; see `hypercomm_comm::bench::core_to_core`)"
+             (every shared-memory round waits on it; see `hypercomm_bench::core_to_core`)"
         ),
         _ => "core-to-core round trip: not measured (this process may use one CPU)".into(),
     }
@@ -532,205 +538,6 @@ fn placement_text(placement: Placement, cpus: Option<&[usize]>, what: &str) -> S
             "{what} float: more ranks than CPUs this process may use (or its CPU mask is unreadable)"
         ),
     }
-}
-
-fn print_table_header() {
-    println!(
-        "{:>12} {:>11} {:>5} {:>11} {:>11} {:>11}",
-        "size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)"
-    );
-}
-
-fn size_bar(sizes: usize) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(sizes as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {elapsed}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar
-}
-
-/// `hypercomm bench --backend nccl`: the device benchmark, or the reason this machine cannot run it.
-fn run_nccl(args: &Args, op: BenchOp) -> Result<(), CliError> {
-    use hypercomm_comm::device::{DeviceRuntime, bench as device_bench};
-    if args.tcp {
-        return Err(CliError::Usage(
-            "--tcp is a host transport; the nccl backend picks its own".into(),
-        ));
-    }
-    if args.runs != 1 {
-        return Err(CliError::Usage(
-            "--runs is for the host backend; with nccl, --overhead-batches repeats the timing"
-                .into(),
-        ));
-    }
-    if args.algorithm != AlgorithmArg::Auto || args.in_place || args.processes {
-        let why = "--algorithm, --in-place and --processes are for the host backend (the nccl ranks are \
-                   threads, one GPU each, and NCCL picks its own algorithms)";
-        return Err(CliError::Usage(why.into()));
-    }
-    let sizes = parse_sizes(&args.sizes)?;
-    // The device bench needs a GPU; say exactly what is missing rather than fall back to the host.
-    let runtime = DeviceRuntime::probe_with_env(|n| std::env::var_os(n))
-        .map_err(|e| CliError::Failed(format!("--backend nccl: {e}")))?;
-    let ranks = args.ranks.unwrap_or(runtime.device_count().max(1));
-    let multi_rank_gpu_enabled =
-        std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").is_ok_and(|v| v == "1");
-    // Refuse an impossible placement before printing anything.
-    device_bench::placement(
-        ranks,
-        runtime.device_count(),
-        runtime.nccl().version(),
-        multi_rank_gpu_enabled,
-    )
-    .map_err(|why| CliError::Failed(format!("--backend nccl: -n {ranks}: {why}")))?;
-    let config = device_bench::DeviceBenchConfig {
-        op,
-        ranks,
-        sizes: sizes.clone(),
-        options: CommOptions {
-            timeout: Duration::from_secs(120),
-            nccl: hypercomm_comm::NcclOptions {
-                blocking: args.blocking.then_some(true),
-                ..Default::default()
-            },
-            ..CommOptions::named("bench")
-        },
-        max_iters: args.iters.max(1),
-        overhead_calls: args.overhead_calls,
-        overhead_batches: args.overhead_batches,
-        multi_rank_gpu_enabled,
-    };
-    println!(
-        "# hypercomm bench: {} on {} ranks (threads in one process), backend nccl {} ({}), {} communicators",
-        op.name(),
-        ranks,
-        runtime.nccl().version(),
-        runtime.nccl().origin(),
-        if args.blocking {
-            "blocking"
-        } else {
-            "non-blocking"
-        }
-    );
-    println!(
-        "# busbw factor {:.3}; time is the median over 5 batches of the mean per operation (cuda events)",
-        op.bus_factor(ranks)
-    );
-    print_table_header();
-    let provenance = Provenance::start();
-    let bar = size_bar(sizes.len());
-    let report = device_bench::run(runtime, &config, &|r| {
-        bar.suspend(|| println!("{}", row(r)));
-        bar.inc(1);
-    })
-    .map_err(|e| CliError::Failed(format!("--backend nccl: {e}")))?;
-    bar.finish_and_clear();
-    println!("# ranks on devices {:?}", report.devices);
-    if let Some(o) = &report.overhead {
-        println!(
-            "# host time per call, {} B in-place all_reduce, median of {} batches of {} calls:",
-            device_bench::OVERHEAD_BYTES,
-            o.batches,
-            o.calls
-        );
-        println!(
-            "#   ncclAllReduce directly {:.0} ns, hypercomm all_reduce + wait {:.0} ns, extra {:.0} ns (target < 500)",
-            o.raw_ns,
-            o.hypercomm_ns,
-            o.extra_ns()
-        );
-        if o.raw_in_progress > 0 {
-            println!(
-                "#   {} raw calls answered ncclInProgress; their time includes polling until they settled",
-                o.raw_in_progress
-            );
-        }
-    }
-    if let Some(path) = &args.json {
-        let overhead = report.overhead.as_ref().map(|o| {
-            serde_json::json!({
-                "bytes": device_bench::OVERHEAD_BYTES, "calls": o.calls, "batches": o.batches,
-                "raw_ns": o.raw_ns, "hypercomm_ns": o.hypercomm_ns, "extra_ns": o.extra_ns(),
-                "raw_in_progress": o.raw_in_progress, "ranks": report.devices.len(),
-                "blocking": args.blocking,
-            })
-        });
-        let extra = overhead.map(|o| ("overhead", o)).into_iter().collect();
-        write_json(path, "nccl", &report.results, &provenance, extra)?;
-    }
-    if let Some(path) = &args.plot {
-        plot(path, &report.results, None)?;
-    }
-    Ok(())
-}
-
-/// Writes the results, where they were measured, and the `extra` top-level keys as pretty JSON at `path`.
-fn write_json(
-    path: &Path,
-    backend: &str,
-    results: &[BenchResult],
-    provenance: &Provenance,
-    extra: Vec<(&str, serde_json::Value)>,
-) -> Result<(), CliError> {
-    let rows: Vec<_> = results
-        .iter()
-        .map(|r| {
-            serde_json::json!({
-                "op": r.op.name(), "ranks": r.ranks, "bytes": r.bytes, "time_us": r.time_us,
-                "algbw_GBps": r.algbw_gbps, "busbw_GBps": r.busbw_gbps,
-            })
-        })
-        .collect();
-    let mut doc = serde_json::json!({
-        "backend": backend,
-        "measured": provenance.json(),
-        "results": rows,
-    });
-    for (key, value) in extra {
-        doc[key] = value;
-    }
-    let text = serde_json::to_string_pretty(&doc)
-        .map_err(|e| CliError::Failed(format!("cannot encode results: {e}")))?;
-    std::fs::write(path, text)
-        .map_err(|e| CliError::Failed(format!("cannot write {}: {e}", path.display())))
-}
-
-/// Draws busbw against size as a PNG or SVG (by `path`'s extension), with no fonts needed on the machine.
-/// `buffers` (`None` for the default) joins the transport in the title.
-fn plot(path: &Path, results: &[BenchResult], buffers: Option<&str>) -> Result<(), CliError> {
-    let Some(first) = results.first() else {
-        return Err(CliError::Failed("no results to plot".into()));
-    };
-    let title = format!(
-        "hypercomm {} busbw, {} ranks ({}{})",
-        first.op.name(),
-        first.ranks,
-        first.transport,
-        buffers.map(|b| format!(", {b}")).unwrap_or_default()
-    );
-    let points: Vec<(f64, f64)> = results
-        .iter()
-        .map(|r| (r.bytes.max(1) as f64, r.busbw_gbps))
-        .collect();
-    let scene = crate::render::plot::log_x_chart(
-        &title,
-        "message size (bytes, log scale)",
-        "busbw (GB/s)",
-        &points,
-        human,
-    );
-    crate::render::write(&scene, path)
-}
-
-fn human(bytes: f64) -> String {
-    let units = [(1u64 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
-    for (size, unit) in units {
-        if bytes >= size as f64 {
-            return format!("{:.0}{unit}", bytes / size as f64);
-        }
-    }
-    format!("{bytes:.0}B")
 }
 
 #[cfg(test)]

@@ -4,15 +4,17 @@
 //! This command launches `-n` copies of itself through the launcher (the one behind `hypercomm launch`, which hosts
 //! a TCP store and binds each rank to a CPU of its own, as the threads would be: unless `--unpinned`, or there are
 //! more ranks than CPUs). Each copy runs with `--bench-worker` and the same benchmark arguments, joins the store,
-//! builds its communicator and measures its part (`hypercomm_comm::bench::run_rank`); rank 0 prints one line per
+//! builds its communicator and measures its part (`hypercomm_bench::host::run_rank`); rank 0 prints one line per
 //! size (`result <bytes> <microseconds>`), which the launcher captures and this command turns back into the
 //! table, JSON and plot of a threads run.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use hypercomm_bench::BenchResult;
+use hypercomm_bench::cpus::rank_cpus;
+use hypercomm_bench::host::{self, BenchConfig};
 use hypercomm_comm::Communicator;
-use hypercomm_comm::bench::{self, BenchConfig, BenchResult};
 use hypercomm_store::Rendezvous;
 
 use crate::error::CliError;
@@ -35,7 +37,7 @@ pub fn launch(
         args,
         config.ranks,
         // Bound as threads would be: one CPU each when there are enough, otherwise floating.
-        bench::rank_cpus(config.placement, config.ranks).is_some(),
+        rank_cpus(config.placement, config.ranks).is_some(),
         TIMEOUT,
         "the benchmark ranks",
     )?;
@@ -102,7 +104,7 @@ pub fn worker(config: &BenchConfig) -> Result<(), CliError> {
     let joined = rendezvous
         .join(rendezvous.client_options())
         .map_err(|e| failed(&e))?;
-    let options = bench::comm_options(config).map_err(|e| failed(&e))?;
+    let options = host::comm_options(config).map_err(|e| failed(&e))?;
     let comm = Communicator::world(
         Arc::new(joined.store),
         config.ranks,
@@ -111,7 +113,7 @@ pub fn worker(config: &BenchConfig) -> Result<(), CliError> {
     )
     .map_err(|e| failed(&e))?;
     let me = rendezvous.rank;
-    bench::run_rank(config, &comm, &|r| {
+    host::run_rank(config, &comm, &|r| {
         if me == 0 {
             println!("{RESULT} {} {}", r.bytes, r.time_us);
         }

@@ -9,10 +9,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypercomm_store::{Rendezvous, Store};
-use process_group_collection::bench::{
-    Strategy, full_layout_8, median, time_builds, time_builds_as_rank,
+use hypercomm_bench::collection::{
+    Strategy, full_layout_8, open_gpus, time_builds, time_builds_as_rank,
 };
+use hypercomm_bench::median;
+use hypercomm_comm::device::DeviceRuntime;
+use hypercomm_store::{Rendezvous, Store};
 
 use crate::error::CliError;
 
@@ -55,7 +57,7 @@ pub fn run(settings: &Settings<'_>) -> Result<(), CliError> {
     if settings.worker {
         return run_worker(settings.repeats);
     }
-    let provenance = super::provenance::Provenance::start();
+    let provenance = hypercomm_bench::provenance::Provenance::start();
     let layout = full_layout_8();
     let gpus = if nccl {
         Some(collection_gpus(RANKS)?)
@@ -95,7 +97,7 @@ pub fn run(settings: &Settings<'_>) -> Result<(), CliError> {
             times.iter().min().copied().unwrap_or_default(),
             times.iter().max().copied().unwrap_or_default(),
         );
-        let med = median(&times);
+        let med = median(&times).unwrap_or_default();
         println!(
             "{:>8} {communicators:>14} {:>12.2} {:>12.2} {:>12.2}",
             strategy.name(),
@@ -128,21 +130,11 @@ pub fn run(settings: &Settings<'_>) -> Result<(), CliError> {
 
 /// The GPU of each of `ranks` ranks for `--collection --backend nccl`, or what is missing.
 fn collection_gpus(ranks: usize) -> Result<Vec<Arc<hypercomm_comm::device::Gpu>>, CliError> {
-    use hypercomm_comm::device::{DeviceRuntime, Gpu, bench::placement};
     let failed = |why: String| CliError::Failed(format!("--collection --backend nccl: {why}"));
     let runtime = DeviceRuntime::probe_with_env(|n| std::env::var_os(n))
         .map_err(|e| failed(e.to_string()))?;
     let multi_rank = std::env::var("NCCL_MULTI_RANK_GPU_ENABLE").is_ok_and(|v| v == "1");
-    placement(
-        ranks,
-        runtime.device_count(),
-        runtime.nccl().version(),
-        multi_rank,
-    )
-    .map_err(|why| failed(format!("{ranks} ranks: {why}")))?
-    .into_iter()
-    .map(|d| Gpu::open(Arc::clone(&runtime), d).map_err(|e| failed(e.to_string())))
-    .collect()
+    open_gpus(&runtime, ranks, multi_rank).map_err(|e| failed(format!("{ranks} ranks: {e}")))
 }
 
 /// Starts the 8 worker processes and gathers every rank's build times per strategy.

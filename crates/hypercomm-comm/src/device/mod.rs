@@ -10,15 +10,20 @@
 //! 4. Call the communicator's operations with device buffers, exactly as with host vectors; each returns a
 //!    [`Work`](crate::Work) whose `wait_on(&stream)` orders a stream after it and whose `wait()` blocks the CPU.
 //! 5. For what only NCCL has, [`Communicator::nccl`](crate::Communicator::nccl) gives the [`DeviceCommunicator`]:
-//!    its stream, a health check, the strided all-reduce ([`StridedLayout`], packed and unpacked by kernels).
+//!    its stream, a health check, the strided all-reduce ([`StridedLayout`], packed and unpacked by kernels), and
+//!    for calls hypercomm does not make, the raw NCCL communicator
+//!    ([`DeviceCommunicator::with_raw_comm`], with [`DeviceBuffer::address_on`] for the buffers' addresses).
 //!
-//! Measure with [`bench`](mod@bench) (`hypercomm bench --backend nccl`): bandwidth per size, and the host time each
-//! call costs against calling NCCL directly. What has run on a GPU, and with which NCCL, is in
+//! Several ranks on one machine: [`placement`] gives each rank its device, one each where there are enough, and
+//! says what is missing when there are not (several ranks per GPU need NCCL [`MULTI_RANK_GPU_VERSION`]).
+//!
+//! `hypercomm bench --backend nccl` (the `hypercomm-bench` crate) measures bandwidth per size and the host time
+//! each call costs against calling NCCL directly. What has run on a GPU, and with which NCCL, is in
 //! `docs/gpu-validation.md`.
 
 pub use crate::backends::nccl::DeviceRuntime;
-pub use crate::backends::nccl::bench;
 pub use crate::backends::nccl::communicator::DeviceCommunicator;
 pub use crate::backends::nccl::gpu::{DeviceBuffer, Gpu};
+pub use crate::backends::nccl::placement::{MULTI_RANK_GPU_VERSION, placement};
 pub use crate::backends::nccl::probe::{DriverInfo, MIN_DRIVER_VERSION};
 pub use crate::strided::StridedLayout;

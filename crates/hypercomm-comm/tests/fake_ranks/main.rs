@@ -9,7 +9,8 @@
 //! - [`splits`]: a non-blocking split and shrink giving working children;
 //! - [`streams`]: results ordered without a CPU wait, twin communicators on their own streams;
 //! - [`failures`]: timeouts, aborts and asynchronous errors, reported rather than hung;
-//! - [`placement`]: two ranks on one device (NCCL 2.30), ranks as processes.
+//! - [`placement`]: two ranks on one device (NCCL 2.30), ranks as processes;
+//! - [`raw`]: NCCL called directly on a communicator's handle, between hypercomm's operations.
 
 #[path = "../device_checks/mod.rs"]
 mod device_checks;
@@ -19,6 +20,7 @@ mod fake_support;
 mod collectives;
 mod failures;
 mod placement;
+mod raw;
 mod splits;
 mod streams;
 
@@ -64,6 +66,7 @@ fn suite_ranks_as_threads() {
         "collectives::fake_what_nccl_cannot_run_is_refused_with_the_reason",
         "collectives::fake_a_barrier_waits_for_the_device_work_before_it",
         "collectives::fake_float8_moves_and_reduces_on_device",
+        "raw::fake_a_raw_nccl_call_runs_between_hypercomm_operations",
         "splits::fake_nonblocking_split_and_shrink_give_working_children",
         "streams::fake_results_are_ordered_without_a_cpu_wait",
         "streams::fake_all_gather_and_reduce_scatter_overlap_on_twin_communicators",
@@ -100,10 +103,6 @@ fn suite_two_ranks_on_one_device_with_nccl_2_30() {
     ];
     pass_under_fake(
         "placement::fake_two_ranks_share_a_device_when_allowed",
-        &env,
-    );
-    pass_under_fake(
-        "placement::fake_bench_two_ranks_counts_calls_in_progress",
         &env,
     );
 }

@@ -364,13 +364,19 @@ impl<T: Element> DeviceBuffer<T> {
         &self.gpu
     }
 
-    /// The device address for work enqueued on `stream`, ordered after every earlier use of the buffer, for as long
-    /// as the caller holds the buffer (the work must be enqueued before the buffer is used elsewhere or dropped;
-    /// taking `&mut self` until the caller gives the buffer to the operation's handle ensures it).
+    /// The device address of the buffer for work the caller enqueues on `stream` itself: an NCCL call through
+    /// [`DeviceCommunicator::with_raw_comm`](crate::device::DeviceCommunicator::with_raw_comm), a kernel of
+    /// one's own. `stream` is ordered after every earlier use of the buffer, and every later use through
+    /// hypercomm (an operation on another stream, a download, the release) is ordered after the work enqueued on
+    /// `stream`.
     ///
     /// Free when the last use was on `stream` too (stream order covers it); otherwise `stream` waits on cudarc's
     /// events (after they are recorded for the previous stream's unrecorded work).
-    pub(crate) fn address_on(&mut self, stream: &Arc<CudaStream>) -> u64 {
+    ///
+    /// The address is valid while the buffer lives. Enqueue the work on `stream` before the buffer is used on any
+    /// other stream or dropped (holding `&mut self` until then ensures it), and read or write at most
+    /// [`len`](Self::len) elements there.
+    pub fn address_on(&mut self, stream: &Arc<CudaStream>) -> u64 {
         let elsewhere = std::mem::take(self.used_elsewhere.get_mut());
         if let Some((last, addr)) = &self.unrecorded
             && last.cu_stream() == stream.cu_stream()

@@ -14,11 +14,11 @@
 //!    NCCL calls; the handle ([`communicator::DeviceWork`], inside the public `Work`) orders a stream after it or
 //!    blocks until it is done.
 
-pub mod bench;
 pub(crate) mod comm;
 pub(crate) mod communicator;
 pub(crate) mod config;
 pub(crate) mod gpu;
+pub(crate) mod placement;
 pub(crate) mod probe;
 pub(crate) mod raw;
 pub(crate) mod unique_id;

@@ -482,62 +482,6 @@ pub(crate) unsafe fn enqueue(
     progress(nccl, function, raw, c)
 }
 
-/// The bench's baseline: `calls` in-place sum all-reduces of `count` f32s at `addr`, with `ncclAllReduce` called
-/// directly, nothing of hypercomm's in between. A call that answers `ncclInProgress` is followed, inside the timed
-/// loop, by polling `ncclCommGetAsyncError` until it settles (up to `deadline`), as NCCL requires before the next
-/// call on a non-blocking communicator. Returns the CPU time and how many calls answered `ncclInProgress`.
-///
-/// # Safety
-///
-/// As [`enqueue`]: `comm` is live and not used concurrently, `stream` is a live stream of its device, and `addr`
-/// holds `count` f32s until the work completes on `stream`.
-pub(crate) unsafe fn bare_all_reduces(
-    nccl: &Nccl,
-    comm: CommHandle,
-    addr: u64,
-    count: usize,
-    stream: sys::cudaStream_t,
-    calls: usize,
-    deadline: std::time::Instant,
-) -> Result<(std::time::Duration, usize), NcclError> {
-    let all_reduce = nccl.api(Function::AllReduce)?;
-    let async_error = nccl.api(Function::CommGetAsyncError)?;
-    let c = comm.0;
-    let mut in_progress = 0;
-    let start = std::time::Instant::now();
-    for _ in 0..calls {
-        // SAFETY: the caller's contract covers the communicator, the stream and the buffer.
-        let r = unsafe {
-            all_reduce.ncclAllReduce(
-                ptr(addr),
-                ptr(addr),
-                count,
-                sys::ncclFloat32,
-                sys::ncclSum,
-                c,
-                stream,
-            )
-        };
-        if progress(nccl, Function::AllReduce, r, c)? == Progress::Pending {
-            in_progress += 1;
-            // Bounded by `deadline`.
-            loop {
-                let mut state = sys::ncclSuccess;
-                // SAFETY: `c` is live and not used concurrently; NCCL writes one result into a live local.
-                let r = unsafe { async_error.ncclCommGetAsyncError(c, &mut state) };
-                progress(nccl, Function::CommGetAsyncError, r, c)?;
-                if progress(nccl, Function::CommGetAsyncError, state, c)? == Progress::Done
-                    || std::time::Instant::now() >= deadline
-                {
-                    break;
-                }
-                std::hint::spin_loop();
-            }
-        }
-    }
-    Ok((start.elapsed(), in_progress))
-}
-
 /// `ncclGroupStart`.
 pub(crate) fn group_start(nccl: &Nccl) -> Result<(), NcclError> {
     let api = nccl.api(Function::GroupStart)?;

@@ -177,11 +177,6 @@ impl DeviceCommunicator {
         &self.stream
     }
 
-    /// The NCCL communicator itself (for the benchmark's raw-call baseline).
-    pub(crate) fn nccl_comm(&self) -> &NcclComm {
-        &self.comm
-    }
-
     /// The options it was created with.
     pub fn options(&self) -> &CommOptions {
         &self.options
@@ -196,6 +191,62 @@ impl DeviceCommunicator {
     /// communicator.
     pub fn check(&self) -> Result<(), CommError> {
         self.comm.poll("checking the communicator").map(|_| ())
+    }
+
+    /// Runs `f` with the raw NCCL communicator and the loaded NCCL, for calls hypercomm does not make (an NCCL
+    /// function it does not wrap, a baseline that calls `ncclAllReduce` directly). `f` runs under the lock that
+    /// serialises every call on this communicator, so no operation of hypercomm's overlaps it; it fails, without
+    /// running `f`, with [`CommError::Broken`] once the communicator is broken or aborted.
+    ///
+    /// Work `f` enqueues belongs on [`stream`](Self::stream), the stream hypercomm's own operations run on, so
+    /// that stream order keeps it and them apart. Device buffers give their address for that stream through
+    /// [`DeviceBuffer::address_on`], which orders it after the buffer's earlier uses.
+    ///
+    /// ```no_run
+    /// # use hypercomm_comm::Communicator;
+    /// # use hypercomm_comm::device::DeviceBuffer;
+    /// # fn raw(comm: &Communicator, mut buf: DeviceBuffer<f32>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use nccl_sys::{Function, NcclError, sys};
+    ///
+    /// // `comm` was made `with_gpu` and blocking NCCL communicators (`NcclOptions::blocking`); on a
+    /// // non-blocking one, a call that answers ncclInProgress is followed by polling ncclCommGetAsyncError.
+    /// let dev = comm.nccl().ok_or("a communicator with a gpu")?;
+    /// let addr = buf.address_on(dev.stream()) as usize as *mut std::ffi::c_void;
+    /// let stream = dev.stream().cu_stream() as sys::cudaStream_t;
+    /// let count = buf.len();
+    /// // SAFETY: the closure enqueues one in-place all-reduce of `buf` on the communicator's stream, with `h`
+    /// // (lent for the closure) and keeps nothing; `buf` holds `count` f32s on the communicator's gpu and is not
+    /// // dropped before the work is done.
+    /// let done = unsafe {
+    ///     dev.with_raw_comm(|h, nccl| -> Result<(), NcclError> {
+    ///         let api = nccl.api(Function::AllReduce)?;
+    ///         let raw = api.ncclAllReduce(addr, addr, count, sys::ncclFloat32, sys::ncclSum, h, stream);
+    ///         nccl.check(Function::AllReduce, raw, h)
+    ///     })
+    /// };
+    /// done??;
+    /// // The buffer's next use through hypercomm (an operation, a download) is ordered after the all-reduce.
+    /// let _sums = buf.download()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// The handle is the communicator's own, lent for the duration of `f`. The caller must ensure that `f`:
+    /// - enqueues work only on this communicator's [`stream`](Self::stream), with device memory of this
+    ///   communicator's GPU that stays allocated until that work completes there;
+    /// - polls `ncclCommGetAsyncError` until the communicator settles before returning, when a call answered
+    ///   `ncclInProgress` (a non-blocking communicator, hypercomm's default), as NCCL requires before the next
+    ///   call on it;
+    /// - never destroys, finalizes, aborts, splits, shrinks or revokes the communicator, nor changes its
+    ///   configuration (hypercomm owns it and releases it on drop);
+    /// - does not keep the handle past its return, nor pass it to another thread that could use it later.
+    pub unsafe fn with_raw_comm<R>(
+        &self,
+        f: impl FnOnce(nccl_sys::sys::ncclComm_t, &nccl_sys::Nccl) -> R,
+    ) -> Result<R, CommError> {
+        let nccl = self.gpu.runtime().nccl();
+        self.comm.with_handle(|h| Ok(f(h.0, nccl)))
     }
 
     /// Aborts: NCCL's work on this communicator stops, and every pending and later operation fails.

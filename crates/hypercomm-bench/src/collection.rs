@@ -1,24 +1,23 @@
-//! Timing collection builds: every rank of a small world builds a full collection, by either bootstrap, and the
-//! time each rank takes is recorded. Ranks are threads sharing one in-process store ([`time_builds`]) or processes
-//! sharing a TCP store, each calling [`time_builds_as_rank`]. Used by `hypercomm bench --collection [--processes] [--backend nccl]`
-//! and `cargo bench --bench collection`.
+//! Timing collection builds: every rank of a small world builds a full process-group collection, by either
+//! bootstrap, and the time each rank takes is recorded. Ranks are threads sharing one in-process store
+//! ([`time_builds`]) or processes sharing a TCP store, each calling [`time_builds_as_rank`]. Used by `hypercomm
+//! bench --collection [--processes] [--backend nccl]` and `cargo bench --bench collection`.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use hypercomm_comm::device::Gpu;
-use hypercomm_comm::{CommOptions, Communicator};
+use hypercomm_comm::device::{DeviceRuntime, Gpu, placement};
+use hypercomm_comm::{CommError, CommOptions, Communicator};
 use hypercomm_grid::layout::{LayoutConfig, ParallelLayout};
 use hypercomm_store::{MemoryStore, Store};
-
-use crate::{CollectionError, ProcessGroupCollection};
+use process_group_collection::{CollectionError, ProcessGroupCollection};
 
 /// How the collection is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
-    /// [`CollectionBuilder::build`](crate::CollectionBuilder::build): members meet through the store.
+    /// [`CollectionBuilder::build`](process_group_collection::CollectionBuilder::build): members meet through the store.
     StoreKeyed,
-    /// [`CollectionBuilder::build_by_split`](crate::CollectionBuilder::build_by_split): one split of the world
+    /// [`CollectionBuilder::build_by_split`](process_group_collection::CollectionBuilder::build_by_split): one split of the world
     /// communicator per group slot (the world communicator itself is not timed).
     Split,
 }
@@ -187,9 +186,22 @@ pub fn time_builds_as_rank(
     Ok((times, communicators))
 }
 
-/// The median of `times` ([`hypercomm_comm::bench::median`]; zero when empty).
-pub fn median(times: &[Duration]) -> Duration {
-    hypercomm_comm::bench::median(times).unwrap_or_default()
+/// One GPU per rank for a collection whose `ranks` ranks are threads of this process, as
+/// [`placement`] assigns devices (`multi_rank_gpu_enabled`: the job's `NCCL_MULTI_RANK_GPU_ENABLE=1`).
+pub fn open_gpus(
+    runtime: &Arc<DeviceRuntime>,
+    ranks: usize,
+    multi_rank_gpu_enabled: bool,
+) -> Result<Vec<Arc<Gpu>>, CommError> {
+    placement(
+        ranks,
+        runtime.device_count(),
+        runtime.nccl().version(),
+        multi_rank_gpu_enabled,
+    )?
+    .into_iter()
+    .map(|device| Gpu::open(Arc::clone(runtime), device))
+    .collect()
 }
 
 #[cfg(test)]

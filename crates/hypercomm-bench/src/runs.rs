@@ -1,32 +1,18 @@
-//! `hypercomm bench --runs N`: the same benchmark run several times in a row, summarised per size as the median of
-//! the runs' medians and their spread, with the machine's load average before and after.
+//! Several runs of one benchmark summarised per size: the median of the runs' medians and their spread
+//! (`hypercomm bench --runs N`).
 //!
 //! One run of a small-message benchmark on a shared machine can be lucky or unlucky (a rank that once sleeps on
-//! the futex moves its median by tens of µs), so targets such as "median under 8 µs in five consecutive runs" are
-//! judged on this summary.
+//! the futex moves its median by tens of microseconds), so targets such as "median under 8 µs in five consecutive
+//! runs" are judged on this summary, with the machine's load average before and after
+//! ([`provenance::load_average`](crate::provenance::load_average)).
 
-use hypercomm_comm::bench::BenchResult;
-
-/// The 1-minute load average from `/proc/loadavg`, if this machine has one.
-pub fn load_average() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    text.split_whitespace().next()?.parse().ok()
-}
-
-/// A load average for a message: two decimals, or `unknown`.
-pub fn show_load(load: Option<f64>) -> String {
-    load.map_or_else(|| "unknown".to_owned(), |l| format!("{l:.2}"))
-}
+use crate::op::BenchResult;
+use crate::stats::median;
 
 /// The runs' results gathered per size.
 pub struct Summary {
     /// Per size (in the order measured), every run's result for it.
     sizes: Vec<Vec<BenchResult>>,
-}
-
-/// The workspace's [`median`](hypercomm_comm::bench::median); NaN for no runs.
-fn median(values: &[f64]) -> f64 {
-    hypercomm_comm::bench::median(values).unwrap_or(f64::NAN)
 }
 
 impl Summary {
@@ -39,14 +25,22 @@ impl Summary {
         Summary { sizes }
     }
 
-    /// Per size, the run whose time is the median of the runs' times.
+    /// Per size, the result at the [`median`] of the runs' times (the median run's for an odd count; for an even
+    /// count, the mean of the two middle times, with the bandwidths that time gives).
     pub fn median_results(&self) -> Vec<BenchResult> {
         self.sizes
             .iter()
             .filter_map(|runs| {
                 let times: Vec<f64> = runs.iter().map(|r| r.time_us).collect();
-                let m = median(&times);
-                runs.iter().find(|r| r.time_us == m).cloned()
+                let time_us = median(&times)?;
+                let first = runs.first()?;
+                Some(BenchResult::new(
+                    first.op,
+                    first.ranks,
+                    first.count,
+                    time_us,
+                    first.transport,
+                ))
             })
             .collect()
     }
@@ -104,7 +98,7 @@ fn spread(runs: &[BenchResult]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hypercomm_comm::bench::BenchOp;
+    use crate::op::BenchOp;
 
     fn result(bytes: usize, time_us: f64) -> BenchResult {
         BenchResult::new(BenchOp::AllReduce, 2, bytes / 4, time_us, "shm")
@@ -142,13 +136,18 @@ mod tests {
     }
 
     #[test]
-    fn an_even_count_takes_the_upper_middle_measured_value_like_every_other_bench() {
+    fn an_even_count_takes_the_mean_of_the_two_middle_runs_like_every_other_bench() {
         let runs = vec![
-            vec![result(4, 8.0)],
-            vec![result(4, 2.0)],
-            vec![result(4, 5.0)],
-            vec![result(4, 3.0)],
+            vec![result(4096, 8.0)],
+            vec![result(4096, 2.0)],
+            vec![result(4096, 5.0)],
+            vec![result(4096, 3.0)],
         ];
-        assert_eq!(Summary::of(&runs).median_results()[0].time_us, 5.0);
+        let med = &Summary::of(&runs).median_results()[0];
+        assert_eq!((med.bytes, med.time_us), (4096, 4.0));
+        // The bandwidths are those of the median time, not of any one run.
+        assert_eq!(med.algbw_gbps, 4096.0 / 4e3);
+        assert_eq!(med.busbw_gbps, med.algbw_gbps);
+        assert!(Summary::of(&[]).median_results().is_empty());
     }
 }

@@ -1,10 +1,48 @@
-//! Where a benchmark's figures came from, written beside them in its JSON: the command line, when it ran (UTC), and
-//! how busy the machine was before and after (the 1-minute load average), so that figures from a noisy machine can
-//! be told apart and compared only with their own sitting.
+//! Where a benchmark's figures came from, written beside them in its JSON: the command line, when it ran (UTC),
+//! the machine (host name, kernel, architecture, CPU model and count), the commit the benchmark was built from,
+//! and how busy the machine was before and after (the 1-minute load average), so that figures can be compared only
+//! with their own kind and a noisy sitting told apart.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::bench_runs::load_average;
+/// The commit this crate was built from (see its build script); `None` outside a git checkout.
+pub const COMMIT: Option<&str> = option_env!("HYPERCOMM_BENCH_COMMIT");
+
+/// The 1-minute load average from `/proc/loadavg`, if this machine has one.
+pub fn load_average() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// The first line of `path` without surrounding blanks, if it can be read and is not empty.
+fn first_line(path: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().next()?.trim();
+    (!line.is_empty()).then(|| line.to_owned())
+}
+
+/// The CPU model `/proc/cpuinfo` names first (`model name` on x86, `Model` or `CPU part` elsewhere).
+fn cpu_model() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    text.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        let value = value.trim();
+        (matches!(key.trim(), "model name" | "Model" | "CPU part") && !value.is_empty())
+            .then(|| value.to_owned())
+    })
+}
+
+/// The machine a benchmark runs on: `{"host", "kernel", "arch", "cpu_model", "cpus"}`, where `cpus` is how many
+/// this process may use. What this machine cannot tell is `null`.
+pub fn machine() -> serde_json::Value {
+    serde_json::json!({
+        "host": first_line("/proc/sys/kernel/hostname"),
+        "kernel": first_line("/proc/sys/kernel/osrelease"),
+        "arch": std::env::consts::ARCH,
+        "cpu_model": cpu_model(),
+        "cpus": std::thread::available_parallelism().ok().map(usize::from),
+    })
+}
 
 /// Taken when a benchmark starts; [`Provenance::json`] adds what holds at its end.
 pub struct Provenance {
@@ -28,8 +66,9 @@ impl Provenance {
         self.load_before
     }
 
-    /// `{"command", "started_utc", "unix_time_s", "load_average_before", "load_average_after"}`, the load after read
-    /// now. A load average this machine cannot tell is `null`.
+    /// `{"command", "started_utc", "unix_time_s", "commit", "machine", "load_average_before",
+    /// "load_average_after"}` (see [`COMMIT`] and [`machine`]), the load after read now. What this machine or
+    /// build cannot tell is `null`.
     pub fn json(&self) -> serde_json::Value {
         let secs = self
             .started
@@ -39,6 +78,8 @@ impl Provenance {
             "command": self.command,
             "started_utc": utc(secs),
             "unix_time_s": secs,
+            "commit": COMMIT,
+            "machine": machine(),
             "load_average_before": self.load_before,
             "load_average_after": load_average(),
         })
@@ -95,5 +136,18 @@ mod tests {
         assert!(
             json.get("load_average_before").is_some() && json.get("load_average_after").is_some()
         );
+        // Built in a git checkout: a full commit hash.
+        if let Some(commit) = json["commit"].as_str() {
+            assert!(
+                commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{commit}"
+            );
+        }
+        let machine = &json["machine"];
+        assert_eq!(machine["arch"], std::env::consts::ARCH);
+        assert!(machine["cpus"].as_u64().unwrap() >= 1, "{machine}");
+        for key in ["host", "kernel", "cpu_model"] {
+            assert!(machine.get(key).is_some(), "{key}: {machine}");
+        }
     }
 }

@@ -4,17 +4,16 @@
 //! by each. A rank of the shared-memory transport pays this latency for every line a peer wrote, and a core keeps
 //! only so many line transfers in flight, so the transport's throughput follows it. On a virtual machine the host
 //! decides which physical cores the virtual CPUs run on, and the latency can change by several times from one
-//! minute to the next. On the 2-core development machine (2026-11-23, 450 benchmark runs in seven minutes): 55-91
-//! ns in its usual state; 372-485 ns in the windows where every size of a two-rank all-reduce ran at 1.8-3.3
-//! GB/s (1-4 MiB usually run at about 10), while memory bandwidth measured the same; and now and then 29-32 ns,
-//! most likely two hardware threads of one physical core, where the in-cache sizes lose about a quarter.
-//! [`round_trip`] is how `hypercomm bench` tells these states apart (it prints the figure before and after every
-//! run).
+//! minute to the next: a slow window slows every size of a host collective while memory bandwidth stays the same,
+//! and a very fast one (two hardware threads of one physical core, most likely) slows the in-cache sizes.
+//! [`round_trip`] is how `hypercomm bench` tells these states apart: it reports [`probe`] before and after every
+//! run. What was measured, and when, is in `docs/perf/`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{bind_current_thread, median};
+use crate::cpus::{Placement, bind_current_thread, rank_cpus};
+use crate::stats::median;
 
 /// Round trips timed together; the median over batches is reported, which ignores batches the scheduler
 /// interrupted.
@@ -42,10 +41,22 @@ pub enum ProbeError {
     NoBatches,
     /// A thread could not be bound to its CPU.
     #[error("cannot bind a probe thread to CPU {cpu}: {error}")]
-    Bind { cpu: usize, error: String },
+    Bind {
+        /// The CPU.
+        cpu: usize,
+        /// Why the kernel refused.
+        error: String,
+    },
     /// The other thread stopped answering (its CPU taken away, or the machine badly overloaded).
     #[error("the core-to-core probe between CPUs {a} and {b} got no answer within {after:?}")]
-    Timeout { a: usize, b: usize, after: Duration },
+    Timeout {
+        /// The asking thread's CPU.
+        a: usize,
+        /// The answering thread's CPU.
+        b: usize,
+        /// The time allowed.
+        after: Duration,
+    },
 }
 
 /// The line the two threads pass back and forth, alone in its cache line (and the next, which adjacent-line
@@ -109,7 +120,7 @@ fn side<T>(shared: &Shared, cpu: usize, body: impl FnOnce() -> Result<T, Stop>) 
 ///
 /// ```
 /// use std::time::Duration;
-/// use hypercomm_comm::bench::core_to_core::{round_trip, ProbeError};
+/// use hypercomm_bench::core_to_core::{round_trip, ProbeError};
 ///
 /// assert_eq!(round_trip(0, 0, 10, Duration::from_secs(1)), Err(ProbeError::SameCpu(0)));
 /// ```
@@ -187,13 +198,52 @@ pub fn round_trip(
     }
 }
 
+/// Batches of round trips in each [`probe`] (each batch is [`TRIPS_PER_BATCH`] trips): a few milliseconds.
+pub const PROBE_BATCHES: usize = 200;
+
+/// How long a [`probe`] may take before it is reported as a timeout.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The two CPUs whose round trip a benchmark reports: its ranks 0 and 1's when they are `bound` (to at least two
+/// CPUs), otherwise the first two this process may use; `None` with fewer than two.
+pub fn probe_pair(bound: Option<&[usize]>) -> Option<(usize, usize)> {
+    match bound {
+        Some(&[a, b, ..]) => Some((a, b)),
+        _ => match rank_cpus(Placement::OneCpuEach, 2)?.as_slice() {
+            &[a, b] => Some((a, b)),
+            _ => None,
+        },
+    }
+}
+
+/// The median round trip in nanoseconds between the CPUs of `pair` ([`PROBE_BATCHES`] batches, up to
+/// [`PROBE_TIMEOUT`]), or `None` without a pair to measure (see [`probe_pair`]).
+pub fn probe(pair: Option<(usize, usize)>) -> Result<Option<f64>, ProbeError> {
+    let Some((a, b)) = pair else {
+        return Ok(None);
+    };
+    round_trip(a, b, PROBE_BATCHES, PROBE_TIMEOUT).map(|t| Some(t.median_ns))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn two_cpus() -> Option<(usize, usize)> {
-        let cpus = super::super::rank_cpus(super::super::Placement::OneCpuEach, 2)?;
+        let cpus = rank_cpus(Placement::OneCpuEach, 2)?;
         Some((cpus[0], cpus[1]))
+    }
+
+    #[test]
+    fn the_probe_takes_the_bound_ranks_cpus_or_the_first_two() {
+        assert_eq!(probe_pair(Some(&[5, 3, 9])), Some((5, 3)));
+        assert_eq!(probe_pair(Some(&[5])), two_cpus());
+        assert_eq!(probe_pair(None), two_cpus());
+        assert_eq!(probe(None), Ok(None));
+        if let Some(pair) = two_cpus() {
+            let ns = probe(Some(pair)).unwrap().unwrap();
+            assert!(ns.is_finite() && ns > 0.0, "{ns}");
+        }
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The device benchmark behind `hypercomm bench --backend nccl`.
+//! NCCL collectives on GPUs, behind `hypercomm bench --backend nccl`.
 //!
 //! Two measurements:
 //!
@@ -6,33 +6,28 @@
 //!   and timed with CUDA events around each batch; the time is the median of the batches' per-operation means,
 //!   and bandwidth follows [`BenchOp::bus_factor`] as on the host.
 //! - **Host overhead per call**: the CPU time to issue one small in-place `f32` all-reduce through
-//!   [`Communicator::all_reduce`] on a device buffer (and take the buffer back with `wait_on` the
-//!   communicator's own stream), against calling `ncclAllReduce` directly on the same communicator, stream and buffer. Batches of
-//!   each alternate, the stream is drained between batches (untimed), and each side reports the median over
-//!   batches of its per-call time. The difference is what hypercomm adds: its locks, the buffer's stream
-//!   events (cudarc's tracking) and the handle's pooled event.
+//!   [`Communicator::all_reduce`] on a device buffer (and take the buffer back with `wait_on` the communicator's
+//!   own stream), against calling `ncclAllReduce` directly on the same communicator, stream and buffer
+//!   ([`bare_nccl`], through [`DeviceCommunicator::with_raw_comm`]). Batches of each alternate, the stream is
+//!   drained between batches (untimed), and each side reports the median over batches of its per-call time. The difference is what hypercomm adds: its locks, the buffer's stream events
+//!   (cudarc's tracking) and the handle's pooled event.
 //!
-//! Ranks are threads of this process, one [`Gpu`] per device; more ranks than devices needs NCCL 2.30 or
-//! newer with `NCCL_MULTI_RANK_GPU_ENABLE=1` (see [`placement`]).
+//! Ranks are threads of this process, one [`Gpu`] per device as [`placement`] assigns them; more ranks than
+//! devices needs NCCL 2.30 or newer with `NCCL_MULTI_RANK_GPU_ENABLE=1`.
+
+pub mod bare_nccl;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::CudaEvent;
 use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, DriverError};
+use hypercomm_comm::device::{DeviceBuffer, DeviceCommunicator, DeviceRuntime, Gpu, placement};
+use hypercomm_comm::{CommError, CommOptions, Communicator, ReduceOp};
 use hypercomm_store::MemoryStore;
-use nccl_sys::{Version, sys};
+use nccl_sys::Version;
 
-use super::communicator::DeviceCommunicator;
-use super::gpu::{DeviceBuffer, Gpu, cuda_err};
-use super::probe::DeviceRuntime;
-use super::raw;
-use crate::bench::{BenchOp, BenchResult, iterations};
-use crate::{CommError, CommOptions, Communicator, ReduceOp};
-
-/// The first NCCL release that runs several ranks of one communicator on one GPU (with
-/// `NCCL_MULTI_RANK_GPU_ENABLE=1`).
-pub const MULTI_RANK_GPU_VERSION: Version = Version::new(2, 30, 0);
+use crate::op::{BenchOp, BenchResult, iterations};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -67,7 +62,8 @@ pub struct OverheadResult {
     pub batches: usize,
     /// Median per-call time of `ncclAllReduce` called directly, in nanoseconds.
     pub raw_ns: f64,
-    /// Median per-call time of [`DeviceCommunicator::all_reduce`] plus `wait` on its stream, in nanoseconds.
+    /// Median per-call time of [`Communicator::all_reduce`] on a device buffer plus `wait_on` its stream, in
+    /// nanoseconds.
     pub hypercomm_ns: f64,
     /// Of the raw calls, how many answered `ncclInProgress` (a non-blocking communicator still settling); the
     /// raw side's time includes polling `ncclCommGetAsyncError` until they settled, as any caller must before
@@ -95,50 +91,18 @@ pub struct DeviceBenchReport {
     pub overhead: Option<OverheadResult>,
 }
 
-/// The device of each of `ranks` ranks given `devices` visible devices: one rank per device where there are
-/// enough, otherwise round-robin, which NCCL allows only from [`MULTI_RANK_GPU_VERSION`] with
-/// `NCCL_MULTI_RANK_GPU_ENABLE=1`. The error says which condition is missing.
-///
-/// ```
-/// use hypercomm_comm::device::bench::placement;
-/// use nccl_sys::Version;
-///
-/// assert_eq!(placement(2, 8, Version::new(2, 28, 9), false), Ok(vec![0, 1]));
-/// assert_eq!(placement(3, 1, Version::new(2, 30, 0), true), Ok(vec![0, 0, 0]));
-/// assert!(placement(2, 1, Version::new(2, 28, 9), true).is_err());
-/// ```
-pub fn placement(
-    ranks: usize,
-    devices: usize,
-    nccl: Version,
-    multi_rank_gpu_enabled: bool,
-) -> Result<Vec<usize>, String> {
-    if ranks == 0 {
-        return Err("a benchmark needs at least one rank".into());
-    }
-    if devices == 0 {
-        return Err("no cuda device is visible".into());
-    }
-    if ranks <= devices {
-        return Ok((0..ranks).collect());
-    }
-    if nccl < MULTI_RANK_GPU_VERSION {
-        return Err(format!(
-            "{ranks} ranks on {devices} device(s) need several ranks per gpu, which needs nccl >= \
-             {MULTI_RANK_GPU_VERSION}; the loaded nccl is {nccl}"
-        ));
-    }
-    if !multi_rank_gpu_enabled {
-        return Err(format!(
-            "{ranks} ranks on {devices} device(s) need several ranks per gpu: set NCCL_MULTI_RANK_GPU_ENABLE=1"
-        ));
-    }
-    Ok((0..ranks).map(|r| r % devices).collect())
+/// The workspace's [`median`](crate::median); 0 for no values.
+fn median(values: Vec<f64>) -> f64 {
+    crate::median(&values).unwrap_or(0.0)
 }
 
-/// The workspace's [`median`](crate::bench::median); 0 for none.
-fn median(values: Vec<f64>) -> f64 {
-    crate::bench::median(&values).unwrap_or(0.0)
+/// A CUDA driver error during `what` on communicator `comm`.
+fn cuda_err(comm: &str, what: &str) -> impl FnOnce(DriverError) -> CommError {
+    let (comm, what) = (comm.to_owned(), what.to_owned());
+    move |e| CommError::Device {
+        comm,
+        what: format!("{what}: {e}"),
+    }
 }
 
 /// Runs the benchmark on `runtime`'s devices; `progress` is called with each size's result (rank 0's).
@@ -153,11 +117,7 @@ pub fn run(
         runtime.device_count(),
         nccl,
         config.multi_rank_gpu_enabled,
-    )
-    .map_err(|why| CommError::Unavailable {
-        what: format!("a {}-rank device benchmark", config.ranks),
-        why,
-    })?;
+    )?;
     let mut gpus: Vec<Arc<Gpu>> = Vec::new();
     for ordinal in 0..runtime.device_count().min(config.ranks) {
         gpus.push(Gpu::open(Arc::clone(&runtime), ordinal)?);
@@ -277,8 +237,8 @@ fn timing_event(comm: &DeviceCommunicator) -> Result<CudaEvent, CommError> {
         .map_err(cuda_err(comm.name(), "creating a timing event"))
 }
 
-/// Batches per size in the bandwidth measurement.
-const BATCHES: usize = 5;
+/// Batches per size in the bandwidth measurement: the time reported is the median of their per-operation means.
+pub const BATCHES: usize = 5;
 
 fn measure_size(
     comm: &Communicator,
@@ -321,10 +281,40 @@ fn measure_size(
     ))
 }
 
-/// Waits for `event` without hanging: as work handles do, up to the communicator's timeout.
+/// Waits for `event` without hanging, as work handles do: polls the event and NCCL's asynchronous error, and past
+/// the communicator's timeout aborts it.
 fn wait_for(comm: &DeviceCommunicator, event: &CudaEvent) -> Result<(), CommError> {
-    comm.nccl_comm()
-        .wait_event(event, "waiting for benchmark work")
+    let timeout = comm.options().timeout;
+    let started = Instant::now();
+    let deadline = started + timeout;
+    // Bounded by the deadline.
+    loop {
+        let done = event
+            .try_is_complete()
+            .map_err(cuda_err(comm.name(), "querying a timing event"))?;
+        // Work that completed may still have raised an asynchronous error.
+        comm.check()?;
+        if done {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            comm.abort();
+            return Err(CommError::Timeout {
+                comm: comm.name().to_owned(),
+                members: comm.ranks().to_vec(),
+                missing: Vec::new(),
+                after: timeout,
+                during: "waiting for benchmark work; the nccl communicator was aborted".into(),
+                cause: None,
+            });
+        }
+        // Untimed (the figures come from CUDA events): yield briefly, then sleep between polls.
+        if started.elapsed() < Duration::from_millis(1) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
 }
 
 fn measure_overhead(
@@ -344,7 +334,7 @@ fn measure_overhead(
     };
     // Warm up both paths (NCCL connects lazily on the first call).
     for _ in 0..2 {
-        let _ = raw_batch(dev, &mut buf, calls)?;
+        let _ = bare_nccl::all_reduces(dev, &mut buf, calls)?;
         drain(dev)?;
         buf = hypercomm_batch(comm, buf, calls)?.0;
         drain(dev)?;
@@ -352,7 +342,7 @@ fn measure_overhead(
     let (mut raw, mut ours) = (Vec::with_capacity(batches), Vec::with_capacity(batches));
     let mut raw_in_progress = 0;
     for _ in 0..batches {
-        let (t, pending) = raw_batch(dev, &mut buf, calls)?;
+        let (t, pending) = bare_nccl::all_reduces(dev, &mut buf, calls)?;
         raw_in_progress += pending;
         raw.push(t.as_secs_f64() * 1e9 / calls.max(1) as f64);
         drain(dev)?;
@@ -384,53 +374,14 @@ fn hypercomm_batch(
     Ok((buf, start.elapsed()))
 }
 
-/// `calls` in-place sum all-reduces of `buf` with `ncclAllReduce` called directly (one lock for the batch; see
-/// [`raw::bare_all_reduces`]). Returns the CPU time and how many calls answered `ncclInProgress`.
-fn raw_batch(
-    comm: &DeviceCommunicator,
-    buf: &mut DeviceBuffer<f32>,
-    calls: usize,
-) -> Result<(Duration, usize), CommError> {
-    let nccl = comm.gpu().runtime().nccl();
-    let count = buf.len();
-    let stream = comm.stream().cu_stream() as sys::cudaStream_t;
-    let owner = comm.nccl_comm();
-    let p = buf.address_on(comm.stream());
-    let deadline = Instant::now() + owner.timeout;
-    owner.with_handle(|h| {
-        // SAFETY: `h` is live and serialised by `with_handle`; `stream` is this communicator's stream on the
-        // buffer's device; `p` holds `count` f32s, and the buffer, borrowed by the caller until these calls are
-        // enqueued, is not released or used on another stream before they complete (`address_on`).
-        unsafe { raw::bare_all_reduces(nccl, h, p, count, stream, calls, deadline) }
-            .map_err(|e| owner.error("the raw all-reduce baseline", e))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn placement_spreads_ranks_and_names_what_is_missing() {
-        let old = Version::new(2, 28, 9);
-        let new = Version::new(2, 30, 1);
-        assert_eq!(placement(4, 8, old, false), Ok(vec![0, 1, 2, 3]));
-        assert_eq!(placement(5, 2, new, true), Ok(vec![0, 1, 0, 1, 0]));
-        let e = placement(2, 1, old, true).unwrap_err();
-        assert!(e.contains("nccl >= 2.30.0") && e.contains("2.28.9"), "{e}");
-        let e = placement(2, 1, new, false).unwrap_err();
-        assert!(e.contains("NCCL_MULTI_RANK_GPU_ENABLE=1"), "{e}");
-        assert!(placement(0, 1, new, true).is_err());
-        assert!(
-            placement(1, 0, new, true)
-                .unwrap_err()
-                .contains("no cuda device")
-        );
-    }
-
-    #[test]
     fn median_reports_zero_for_no_values() {
         assert_eq!(median(vec![2.0, 1.0, 3.0]), 2.0);
+        assert_eq!(median(vec![2.0, 1.0, 3.0, 4.0]), 2.5);
         assert_eq!(median(Vec::new()), 0.0);
     }
 
