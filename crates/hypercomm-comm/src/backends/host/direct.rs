@@ -149,10 +149,11 @@ fn records(
     Ok(Some(records))
 }
 
-/// Reads bytes `at` of rank `r`'s buffer into `dst`. A failure names rank `r` as dead when its process is gone
-/// (the read then fails with ESRCH or finds the memory unmapped), as a wait on it would. A process being killed
-/// loses its memory before it turns into a zombie, so a read that finds the agreed buffer unmapped (EFAULT)
-/// watches the process for up to [`EXIT_GRACE`] before calling the failure anything but its death.
+/// Reads bytes `at` of rank `r`'s buffer into `dst`. A failure names rank `r` as dead when its process is gone, as a
+/// wait on it would. A process being killed loses its memory before it turns into a zombie, and meanwhile a read
+/// fails with ESRCH (no memory to read) or EFAULT (the agreed buffer unmapped) while the process still looks alive;
+/// so a failed read watches the process for up to [`EXIT_GRACE`] before calling the failure anything but its
+/// death.
 fn read(
     comm: &str,
     records: &[Record],
@@ -164,8 +165,7 @@ fn read(
     records[r].read(at, dst).map_err(|source| {
         let pid = records[r].pid;
         let during = format!("reading bytes {at}..{end} of rank {r}'s buffer in process {pid}");
-        let unmapped = source.raw_os_error() == Some(libc::EFAULT);
-        if process_alive(pid) && !(unmapped && exits_within(pid, EXIT_GRACE)) {
+        if !exits_within(pid, EXIT_GRACE) {
             CommError::Io {
                 comm: comm.to_owned(),
                 what: during,
@@ -177,7 +177,7 @@ fn read(
     })
 }
 
-/// How long a read that found a peer's buffer unmapped waits for the peer's process to finish exiting.
+/// How long a failed read waits for the peer's process to finish exiting before it reports an I/O error.
 const EXIT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Whether process `pid` is gone (or a zombie) within `grace`, looking every millisecond.
