@@ -188,6 +188,15 @@ impl Lane {
     /// The progress thread: runs jobs as the engine is free, until the lane is closed and empty.
     fn progress(&self) {
         let mut state = self.lock();
+        // Started by the first job's push, whose issuer usually waits on it next: one nap first lets that wait run
+        // it inline, as every later job is while the lane is busy, instead of racing the new thread for it.
+        state.napping = true;
+        state = self
+            .changed
+            .wait_timeout(state, NAP)
+            .map(|(s, _)| s)
+            .unwrap_or_else(|p| p.into_inner().0);
+        state.napping = false;
         loop {
             if let Some(last) = state.retire() {
                 drop(state);
