@@ -35,9 +35,12 @@ use hypercomm::candle::tp::{MlpWeights, ParallelMlp};
 use hypercomm::candle::{GradSync, ReduceOp, TensorGroup};
 use hypercomm::comm::device::{DeviceRuntime, Gpu};
 use hypercomm::grid::layout::LayoutConfig;
-use hypercomm::launch::Launcher;
 use hypercomm::pgc::{GroupOptions, ProcessGroupCollection};
 use hypercomm::store::{EnvSource, Rendezvous, Store};
+
+mod support;
+
+use support::{Lcg, launch_self, target};
 
 const SEED: u64 = 0x5eed_2026;
 const INPUTS: usize = 8;
@@ -118,7 +121,17 @@ fn main() -> ExitCode {
         }
     };
     let result = if EnvSource::detect().is_none() {
-        launch(&args)
+        launch_self(
+            &[
+                "--tp".into(),
+                args.tp.to_string(),
+                "--dp".into(),
+                args.dp.to_string(),
+                "--device".into(),
+                args.device.clone(),
+            ],
+            args.tp * args.dp,
+        )
     } else {
         rank_main(&args)
     };
@@ -129,80 +142,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Starts `tp * dp` ranks of this program and prints rank 0's output.
-fn launch(args: &Args) -> Result<(), Box<dyn Error>> {
-    let report = Launcher::new(std::env::current_exe()?)
-        .args([
-            "--tp",
-            &args.tp.to_string(),
-            "--dp",
-            &args.dp.to_string(),
-            "--device",
-            &args.device,
-        ])
-        .nproc(args.tp * args.dp)
-        .timeout(Duration::from_secs(120))
-        .echo(false)
-        .capture(true)
-        .run()?;
-    if let Some(rank0) = report.rank(0) {
-        for line in &rank0.stdout {
-            println!("{line}");
-        }
-    }
-    if report.success() {
-        return Ok(());
-    }
-    for rank in &report.ranks {
-        for line in &rank.stderr {
-            eprintln!("[rank {}] {line}", rank.rank);
-        }
-    }
-    Err(report.summary().into())
-}
-
-/// A linear congruential generator (Knuth's MMIX constants): the same numbers on every rank.
-struct Lcg(u64);
-
-impl Lcg {
-    fn new(seed: u64, stream: u64) -> Lcg {
-        let mut lcg = Lcg(seed ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        lcg.next();
-        lcg
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        self.0
-    }
-
-    /// Uniform in `[-1, 1)`, from the 53 high bits.
-    fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-    }
-
-    /// A `[rows, cols]` tensor uniform in `[-scale, scale)`.
-    fn tensor(
-        &mut self,
-        rows: usize,
-        cols: usize,
-        scale: f64,
-    ) -> hypercomm::candle::candle_core::Result<Tensor> {
-        let v: Vec<f32> = (0..rows * cols)
-            .map(|_| (self.uniform() * scale) as f32)
-            .collect();
-        Tensor::from_vec(v, (rows, cols), &Device::Cpu)
-    }
-}
-
-/// The function the model learns.
-fn target(x: &[f64]) -> f64 {
-    (2.0 * x[0]).sin() + 0.5 * x[1] * x[2] - 0.3 * x[3] * x[3] + 0.2 * x[4..].iter().sum::<f64>()
 }
 
 /// Rows `first..first + rows` of step `step`'s global batch: inputs `[rows, 8]` and targets `[rows, 1]`.

@@ -58,9 +58,12 @@ use hypercomm::candle::candle_core::{
 use hypercomm::candle::candle_nn::{Linear, Optimizer, SGD, ops};
 use hypercomm::candle::{GradSync, ReduceOp, TensorGroup, TensorP2p};
 use hypercomm::grid::layout::LayoutConfig;
-use hypercomm::launch::Launcher;
 use hypercomm::pgc::ProcessGroupCollection;
 use hypercomm::store::{EnvSource, Rendezvous, Store};
+
+mod support;
+
+use support::{Lcg, launch_self, target};
 
 const SEED: u64 = 0x5eed_2027;
 const INPUTS: usize = 8;
@@ -134,7 +137,17 @@ fn main() -> ExitCode {
         }
     };
     let result = if EnvSource::detect().is_none() {
-        launch(&args)
+        launch_self(
+            &[
+                "--pp".into(),
+                args.pp.to_string(),
+                "--ep".into(),
+                args.ep.to_string(),
+                "--dp".into(),
+                args.dp.to_string(),
+            ],
+            args.pp * args.dp,
+        )
     } else {
         rank_main(&args)
     };
@@ -145,77 +158,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Starts `pp * dp` ranks of this program and prints rank 0's output.
-fn launch(args: &Args) -> Res<()> {
-    let report = Launcher::new(std::env::current_exe()?)
-        .args([
-            "--pp",
-            &args.pp.to_string(),
-            "--ep",
-            &args.ep.to_string(),
-            "--dp",
-            &args.dp.to_string(),
-        ])
-        .nproc(args.pp * args.dp)
-        .timeout(Duration::from_secs(120))
-        .echo(false)
-        .capture(true)
-        .run()?;
-    if let Some(rank0) = report.rank(0) {
-        for line in &rank0.stdout {
-            println!("{line}");
-        }
-    }
-    if report.success() {
-        return Ok(());
-    }
-    for rank in &report.ranks {
-        for line in &rank.stderr {
-            eprintln!("[rank {}] {line}", rank.rank);
-        }
-    }
-    Err(report.summary().into())
-}
-
-/// A linear congruential generator (Knuth's MMIX constants): the same numbers on every rank.
-struct Lcg(u64);
-
-impl Lcg {
-    fn new(seed: u64, stream: u64) -> Lcg {
-        let mut lcg = Lcg(seed ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        lcg.next();
-        lcg
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        self.0
-    }
-
-    /// Uniform in `[-1, 1)`, from the 53 high bits.
-    fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-    }
-
-    /// A linear layer's weight `[out, fan_in]` and bias `[out]`, uniform in `±1/√fan_in`, as variables.
-    fn layer(&mut self, out: usize, fan_in: usize) -> CandleResult<[Var; 2]> {
-        let scale = 1.0 / (fan_in as f64).sqrt();
-        let mut draw =
-            |n: usize| -> Vec<f32> { (0..n).map(|_| (self.uniform() * scale) as f32).collect() };
-        let weight = Tensor::from_vec(draw(out * fan_in), (out, fan_in), &Device::Cpu)?;
-        let bias = Tensor::from_vec(draw(out), out, &Device::Cpu)?;
-        Ok([Var::from_tensor(&weight)?, Var::from_tensor(&bias)?])
-    }
-}
-
-/// The function the model learns.
-fn target(x: &[f64]) -> f64 {
-    (2.0 * x[0]).sin() + 0.5 * x[1] * x[2] - 0.3 * x[3] * x[3] + 0.2 * x[4..].iter().sum::<f64>()
 }
 
 /// Rows `first..first + rows` of step `step`'s global batch: inputs `[rows, 8]` and targets `[rows, 1]`.
