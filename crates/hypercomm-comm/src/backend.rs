@@ -8,8 +8,9 @@
 use std::sync::Arc;
 
 use crate::CommError;
-use crate::element::{DType, ReduceOp};
+use crate::element::{DType, ReduceOp, as_bytes, as_bytes_mut};
 use crate::op::Op;
+use crate::reduce::{Src, reduce};
 use crate::symmetric::Windows;
 
 /// Where a collective reads and writes.
@@ -119,6 +120,8 @@ pub(crate) trait Backend: Send {
     fn sever(&mut self, peer: usize) -> Result<(), CommError>;
     /// The transport in use, for diagnostics (`"shm"`, `"tcp"`).
     fn transport_name(&self) -> &'static str;
+    /// This rank's rank in the communicator.
+    fn rank(&self) -> usize;
 }
 
 /// Runs `op` (checked by the face) on `backend` over `io`: the host flavor's executor.
@@ -156,6 +159,12 @@ pub(crate) fn execute(
             },
             Io::OutOfPlace(input, output),
         ) => backend.all_to_all_v(input, send_counts, output, recv_counts, dtype),
+        (Op::AllGatherV { counts }, Io::OutOfPlace(input, output)) => {
+            all_gather_v(backend, input, counts, output, dtype)
+        }
+        (Op::ReduceScatterV { op, counts }, Io::OutOfPlace(input, output)) => {
+            reduce_scatter_v(backend, input, counts, output, dtype, *op)
+        }
         (Op::Gather { root }, Io::OutOfPlace(input, output)) => {
             backend.gather(input, output, dtype, *root)
         }
@@ -167,11 +176,117 @@ pub(crate) fn execute(
             what: "a batch runs through Backend::batch, one buffer per part".into(),
         }),
         // The face's checks refuse these in place; reaching here is a bug, reported rather than run.
-        (op @ (Op::AllToAllV { .. } | Op::Gather { .. } | Op::Scatter { .. }), Io::InPlace(_)) => {
-            Err(CommError::InvalidArgument {
-                comm: String::new(),
-                what: format!("{} needs separate input and output buffers", op.name()),
-            })
-        }
+        (
+            op @ (Op::AllToAllV { .. }
+            | Op::AllGatherV { .. }
+            | Op::ReduceScatterV { .. }
+            | Op::Gather { .. }
+            | Op::Scatter { .. }),
+            Io::InPlace(_),
+        ) => Err(CommError::InvalidArgument {
+            comm: String::new(),
+            what: format!("{} needs separate input and output buffers", op.name()),
+        }),
     }
+}
+
+/// The tag of the messages the uneven collectives exchange, which no user message should name: a user message
+/// met in their place shows as a mismatch instead of being taken for data.
+const UNEVEN_TAG: u64 = u64::MAX;
+
+/// `output` split into one block per rank of `counts[r]` elements of `width` bytes.
+fn blocks<'a>(mut output: &'a mut [u8], counts: &[usize], width: usize) -> Vec<&'a mut [u8]> {
+    counts
+        .iter()
+        .map(|&c| {
+            let (block, rest) = std::mem::take(&mut output).split_at_mut(c * width);
+            output = rest;
+            block
+        })
+        .collect()
+}
+
+/// All-gather with per-rank counts on the host: this rank's block is copied into place and every other block
+/// arrives in one batch, in which this rank also sends its input to every peer.
+fn all_gather_v(
+    backend: &mut dyn Backend,
+    input: &[u8],
+    counts: &[usize],
+    output: &mut [u8],
+    dtype: DType,
+) -> Result<(), CommError> {
+    let me = backend.rank();
+    let mut parts = Vec::with_capacity(2 * counts.len());
+    for (r, block) in blocks(output, counts, dtype.size()).into_iter().enumerate() {
+        if r == me {
+            block.copy_from_slice(input);
+            continue;
+        }
+        parts.push(Part {
+            peer: r,
+            tag: UNEVEN_TAG,
+            payload: Payload::Out(input),
+        });
+        parts.push(Part {
+            peer: r,
+            tag: UNEVEN_TAG,
+            payload: Payload::In(block),
+        });
+    }
+    backend.batch(&mut parts, dtype)
+}
+
+/// Reduce-scatter with per-rank counts on the host: block `r` of the input goes to rank `r` in one batch, and this
+/// rank reduces what arrives with its own block, in rank order.
+fn reduce_scatter_v(
+    backend: &mut dyn Backend,
+    input: &[u8],
+    counts: &[usize],
+    output: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let (me, width) = (backend.rank(), dtype.size());
+    let bytes = counts[me] * width;
+    // Backed by u64s, so that the reduction's typed view of every element type is aligned.
+    let mut received: Vec<Vec<u64>> = counts
+        .iter()
+        .map(|_| vec![0u64; bytes.div_ceil(8)])
+        .collect();
+    let mut offset = 0;
+    let mut parts = Vec::with_capacity(2 * counts.len());
+    for (r, (&count, theirs)) in counts.iter().zip(received.iter_mut()).enumerate() {
+        let block = &input[offset..offset + count * width];
+        offset += count * width;
+        if r == me {
+            continue;
+        }
+        parts.push(Part {
+            peer: r,
+            tag: UNEVEN_TAG,
+            payload: Payload::Out(block),
+        });
+        parts.push(Part {
+            peer: r,
+            tag: UNEVEN_TAG,
+            payload: Payload::In(&mut as_bytes_mut(theirs)[..bytes]),
+        });
+    }
+    backend.batch(&mut parts, dtype)?;
+    drop(parts);
+    let own_start: usize = counts[..me].iter().sum::<usize>() * width;
+    let own = &input[own_start..own_start + bytes];
+    let srcs: Vec<Src<'_>> = (0..counts.len())
+        .map(|r| {
+            Src::Bytes(if r == me {
+                own
+            } else {
+                &as_bytes(&received[r])[..bytes]
+            })
+        })
+        .collect();
+    reduce(dtype, op, &srcs, output, counts.len()).map_err(|fault| CommError::Protocol {
+        comm: String::new(),
+        what: format!("reduce_scatter_v's local reduction failed: {fault:?}"),
+    })
 }

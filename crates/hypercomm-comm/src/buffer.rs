@@ -343,6 +343,14 @@ mod tests {
             .unwrap();
         comm.gather(b(1), b(1), 0).unwrap().wait().unwrap();
         comm.scatter(b(1), b(1), 0).unwrap().wait().unwrap();
+        comm.all_gather_v(b(2), b(2), vec![2])
+            .unwrap()
+            .wait()
+            .unwrap();
+        comm.reduce_scatter_v(b(3), b(3), vec![3], ReduceOp::Prod)
+            .unwrap()
+            .wait()
+            .unwrap();
         let one = Shape::InPlace;
         let two = |input, output| Shape::OutOfPlace { input, output };
         let seen = log.lock().unwrap().clone();
@@ -376,6 +384,14 @@ mod tests {
                 ),
                 (Op::Gather { root: 0 }, two(1, 1)),
                 (Op::Scatter { root: 0 }, two(1, 1)),
+                (Op::AllGatherV { counts: vec![2] }, two(2, 2)),
+                (
+                    Op::ReduceScatterV {
+                        op: ReduceOp::Prod,
+                        counts: vec![3]
+                    },
+                    two(3, 3)
+                ),
             ]
         );
     }

@@ -33,6 +33,18 @@ pub enum Op {
     ReduceScatter(ReduceOp),
     /// Block `d` of every rank goes to rank `d`; equal blocks.
     AllToAll,
+    /// Every rank ends with every rank's block in rank order, rank `r`'s block holding `counts[r]` elements.
+    AllGatherV {
+        /// Elements each rank contributes, in rank order.
+        counts: Vec<usize>,
+    },
+    /// Rank `r` ends with the reduction of every rank's block `r`, block `r` holding `counts[r]` elements.
+    ReduceScatterV {
+        /// How elements combine.
+        op: ReduceOp,
+        /// Elements of each rank's result, in rank order.
+        counts: Vec<usize>,
+    },
     /// Block `d` of every rank goes to rank `d`, with per-peer element counts.
     AllToAllV {
         /// Elements this rank sends to each rank, in rank order.
@@ -119,6 +131,8 @@ impl Op {
             Op::AllGather => "all_gather",
             Op::ReduceScatter(_) => "reduce_scatter",
             Op::AllToAll => "all_to_all",
+            Op::AllGatherV { .. } => "all_gather_v",
+            Op::ReduceScatterV { .. } => "reduce_scatter_v",
             Op::AllToAllV { .. } => "all_to_all_v",
             Op::Gather { .. } => "gather",
             Op::Scatter { .. } => "scatter",
@@ -132,7 +146,7 @@ impl Op {
     pub fn reduces(&self) -> bool {
         matches!(
             self,
-            Op::AllReduce(_) | Op::Reduce { .. } | Op::ReduceScatter(_)
+            Op::AllReduce(_) | Op::Reduce { .. } | Op::ReduceScatter(_) | Op::ReduceScatterV { .. }
         )
     }
 
@@ -198,6 +212,16 @@ impl Op {
                 len("all_to_all_v recv_counts", recv_counts.len(), size)?;
                 len("all_to_all_v input", input, send_counts.iter().sum())?;
                 len("all_to_all_v output", output, recv_counts.iter().sum())
+            }
+            (Op::AllGatherV { counts }, Shape::OutOfPlace { input, output }) => {
+                len("all_gather_v counts", counts.len(), size)?;
+                len("all_gather_v input", input, counts[rank])?;
+                len("all_gather_v output", output, counts.iter().sum())
+            }
+            (Op::ReduceScatterV { counts, .. }, Shape::OutOfPlace { input, output }) => {
+                len("reduce_scatter_v counts", counts.len(), size)?;
+                len("reduce_scatter_v input", input, counts.iter().sum())?;
+                len("reduce_scatter_v output", output, counts[rank])
             }
             (Op::Gather { root: r }, Shape::OutOfPlace { input, output }) => {
                 root(*r)?;
@@ -284,6 +308,17 @@ mod tests {
             recv_counts: vec![0, 0, 0, 5],
         };
         assert!(err(short, oop(1, 5)).contains("send_counts has 1 elements, expected 4"));
+        let agv = Op::AllGatherV {
+            counts: vec![1, 0, 3, 2],
+        };
+        assert!(agv.check(G, oop(0, 6)).is_ok());
+        assert!(err(agv.clone(), oop(1, 6)).contains("all_gather_v input has 1"));
+        assert!(err(agv, oop(0, 5)).contains("all_gather_v output has 5"));
+        let rsv = Op::ReduceScatterV {
+            op: ReduceOp::Sum,
+            counts: vec![2, 3],
+        };
+        assert!(err(rsv, oop(5, 3)).contains("reduce_scatter_v counts has 2 elements, expected 4"));
         assert!(Op::Gather { root: 0 }.check(G, oop(2, 0)).is_ok());
         assert!(err(Op::Gather { root: 1 }, oop(2, 7)).contains("gather output at the root"));
         assert!(err(Op::Scatter { root: 1 }, oop(7, 2)).contains("scatter input at the root"));

@@ -154,6 +154,31 @@ impl Communicator {
         )
     }
 
+    /// All-gather with per-rank counts: rank `r` contributes `counts[r]` elements (its `input`), and every rank's
+    /// `output` (`counts`' sum) receives every rank's in rank order. Counts may be zero; every rank passes the
+    /// same `counts`. Returns `(input, output)`.
+    pub fn all_gather_v<B: Buffer>(
+        &self,
+        input: B,
+        output: B,
+        counts: Vec<usize>,
+    ) -> Result<Work<(B, B)>, CommError> {
+        self.two(Op::AllGatherV { counts }, input, output)
+    }
+
+    /// Reduce-scatter with per-rank counts: `input` (`counts`' sum) holds one block per rank, block `r` of
+    /// `counts[r]` elements, and rank `r`'s `output` (`counts[r]`) receives the reduction of every rank's block
+    /// `r`. Counts may be zero; every rank passes the same `counts`. Returns `(input, output)`.
+    pub fn reduce_scatter_v<B: Buffer>(
+        &self,
+        input: B,
+        output: B,
+        counts: Vec<usize>,
+        op: ReduceOp,
+    ) -> Result<Work<(B, B)>, CommError> {
+        self.two(Op::ReduceScatterV { op, counts }, input, output)
+    }
+
     /// Gather: the root's `output` (`size() * input.len()`) receives every rank's `input` in rank order; elsewhere
     /// `output` is ignored and may be empty. Returns `(input, output)`.
     pub fn gather<B: Buffer>(

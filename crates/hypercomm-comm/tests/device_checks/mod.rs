@@ -8,6 +8,7 @@
 //!   ([`in_place_all_gather_and_reduce_scatter`]); all_to_all_v with zero counts
 //!   ([`all_to_all_v_with_zero_counts`]); gather and scatter from every root
 //!   ([`gather_and_scatter_from_every_root`]); and what NCCL cannot run, refused with the reason ([`refusals`]).
+//! - Uneven all-gather and reduce-scatter ([`uneven_all_gather_and_reduce_scatter`]).
 //! - The 8-bit floats moved and reduced ([`float8_moves_and_reduces`]).
 //! - A barrier that waits for the device work issued before it ([`barrier_orders_device_work`]).
 //! - A ring exchanged in one batch of sends and receives, in both orders ([`ring_in_one_batch`]).
@@ -397,6 +398,50 @@ pub fn warm_up(gpu: &Arc<Gpu>, ag: &Communicator, dp: &Communicator) {
     )
     .and_then(|w| w.wait())
     .expect("warming up the reduce-scatter twin");
+}
+
+/// All-gather and reduce-scatter with per-rank counts on device buffers (one NCCL group of sends and receives, and
+/// of `ncclReduce`s): rank `r`'s block holds `block(r)` elements (some ranks none); every rank gets every block,
+/// and rank `r` the sum of every rank's block `r`.
+pub fn uneven_all_gather_and_reduce_scatter(
+    comm: &Communicator,
+    gpu: &Arc<Gpu>,
+    block: fn(usize) -> usize,
+) {
+    let (n, rank) = (comm.size(), comm.rank());
+    let counts: Vec<usize> = (0..n).map(block).collect();
+    let total: usize = counts.iter().sum();
+    let value = |r: usize, i: usize| (r * 1_000 + i) as i64;
+    let mine: Vec<i64> = (0..counts[rank]).map(|i| value(rank, i)).collect();
+    let (_, all) = done(comm.all_gather_v(
+        on_device(gpu, &mine),
+        gpu.alloc_zeros::<i64>(total).unwrap(),
+        counts.clone(),
+    ));
+    let want: Vec<i64> = (0..n)
+        .flat_map(|r| (0..counts[r]).map(move |i| value(r, i)))
+        .collect();
+    same(
+        &all.download().unwrap(),
+        &want,
+        format_args!("rank {rank}'s all_gather_v"),
+    );
+    let input: Vec<i64> = (0..total).map(|i| value(rank, i)).collect();
+    let (_, out) = done(comm.reduce_scatter_v(
+        on_device(gpu, &input),
+        gpu.alloc_zeros::<i64>(counts[rank]).unwrap(),
+        counts.clone(),
+        ReduceOp::Sum,
+    ));
+    let start: usize = counts[..rank].iter().sum();
+    let want: Vec<i64> = (start..start + counts[rank])
+        .map(|i| (0..n).map(|r| value(r, i)).sum())
+        .collect();
+    same(
+        &out.download().unwrap(),
+        &want,
+        format_args!("rank {rank}'s reduce_scatter_v"),
+    );
 }
 
 /// The 8-bit floats on the device: an all-gather of e4m3 values and a sum of e5m2 values, exact in both formats

@@ -209,6 +209,15 @@ fn fake_gather_and_scatter_on_device_from_every_root() {
 
 #[test]
 #[ignore = "run under fake-gpu by suite_ranks_as_threads"]
+fn fake_uneven_all_gather_and_reduce_scatter_on_device() {
+    // Rank 1 contributes nothing; ranks 0 and 2 unequal blocks.
+    on_three_ranks("uneven", |comm, gpu| {
+        device_checks::uneven_all_gather_and_reduce_scatter(comm, gpu, |r| [3, 0, 7][r % 3])
+    });
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_ranks_as_threads"]
 fn fake_float8_moves_and_reduces_on_device() {
     on_three_ranks("float8", |comm, gpu| {
         device_checks::float8_moves_and_reduces(comm, gpu)

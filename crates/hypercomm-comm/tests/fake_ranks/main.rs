@@ -66,6 +66,7 @@ fn suite_ranks_as_threads() {
         "collectives::fake_what_nccl_cannot_run_is_refused_with_the_reason",
         "collectives::fake_a_barrier_waits_for_the_device_work_before_it",
         "collectives::fake_float8_moves_and_reduces_on_device",
+        "collectives::fake_uneven_all_gather_and_reduce_scatter_on_device",
         "raw::fake_a_raw_nccl_call_runs_between_hypercomm_operations",
         "splits::fake_nonblocking_split_and_shrink_give_working_children",
         "streams::fake_results_are_ordered_without_a_cpu_wait",

@@ -380,4 +380,8 @@ impl Backend for HostBackend {
     fn transport_name(&self) -> &'static str {
         self.transport_name
     }
+
+    fn rank(&self) -> usize {
+        self.transport.rank()
+    }
 }

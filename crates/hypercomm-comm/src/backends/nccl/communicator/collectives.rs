@@ -326,6 +326,41 @@ impl DeviceCommunicator {
                 }
                 calls
             }
+            // Sends and receives in one group, this rank's own block included (NCCL sends to itself within a
+            // group); a zero count is skipped on both sides alike, since every rank holds the same counts.
+            Op::AllGatherV { counts } => {
+                let mut calls = Vec::with_capacity(2 * n);
+                let mut at_block = 0;
+                for (peer, &count) in counts.iter().enumerate() {
+                    if counts[rank] > 0 {
+                        calls.push(send_to(send, counts[rank], peer));
+                    }
+                    if count > 0 {
+                        calls.push(recv_from(at(recv, at_block), count, peer));
+                    }
+                    at_block += count;
+                }
+                calls
+            }
+            // One ncclReduce per block, rank r the root of block r, in one group (as torchcomms does).
+            Op::ReduceScatterV { op, counts } => {
+                let mut calls = Vec::with_capacity(n);
+                let mut at_block = 0;
+                for (root, &count) in counts.iter().enumerate() {
+                    if count > 0 {
+                        calls.push(Call::Reduce {
+                            send: at(send, at_block),
+                            recv,
+                            count,
+                            dtype,
+                            op: *op,
+                            root,
+                        });
+                    }
+                    at_block += count;
+                }
+                calls
+            }
             // Point-to-point in one group (NCCL sends to itself within a group), so it runs on NCCL versions
             // without ncclGather.
             Op::Gather { root } => {
