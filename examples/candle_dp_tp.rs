@@ -40,7 +40,7 @@ use hypercomm::store::{EnvSource, Rendezvous, Store};
 
 mod support;
 
-use support::{Lcg, launch_self, target};
+use support::{Lcg, launch_self, significant, target};
 
 const SEED: u64 = 0x5eed_2026;
 const INPUTS: usize = 8;
@@ -314,13 +314,4 @@ fn rank_main(args: &Args) -> Result<(), Box<dyn Error>> {
     // Nobody leaves while a peer may still be reading.
     pgc.tp_dp_cp()?.barrier()?.wait()?;
     Ok(())
-}
-
-/// `v` with `digits` significant digits, in plain decimal notation.
-fn significant(v: f64, digits: i32) -> String {
-    if v == 0.0 || !v.is_finite() {
-        return v.to_string();
-    }
-    let decimals = (digits - 1 - v.abs().log10().floor() as i32).max(0) as usize;
-    format!("{v:.decimals$}")
 }

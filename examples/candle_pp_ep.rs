@@ -63,7 +63,7 @@ use hypercomm::store::{EnvSource, Rendezvous, Store};
 
 mod support;
 
-use support::{Lcg, launch_self, target};
+use support::{Lcg, launch_self, significant, target};
 
 const SEED: u64 = 0x5eed_2027;
 const INPUTS: usize = 8;
@@ -657,13 +657,4 @@ fn rank_main(args: &Args) -> Res<()> {
     // Nobody leaves while a peer may still be reading.
     pgc.world()?.barrier()?.wait()?;
     Ok(())
-}
-
-/// `v` with `digits` significant digits, in plain decimal notation.
-fn significant(v: f64, digits: i32) -> String {
-    if v == 0.0 || !v.is_finite() {
-        return v.to_string();
-    }
-    let decimals = (digits - 1 - v.abs().log10().floor() as i32).max(0) as usize;
-    format!("{v:.decimals$}")
 }

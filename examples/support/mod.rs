@@ -1,5 +1,5 @@
 //! What the candle examples share: launching themselves as a job's ranks, the seeded generator every rank draws
-//! the same weights and data from, and the function they learn. Each example includes it with `mod support;`.
+//! the same weights and data from, the function they learn, and how they print their numbers. Each example includes it with `mod support;`.
 
 #![allow(dead_code)]
 
@@ -80,4 +80,13 @@ impl Lcg {
 /// The function the examples' models learn, of 8 inputs.
 pub fn target(x: &[f64]) -> f64 {
     (2.0 * x[0]).sin() + 0.5 * x[1] * x[2] - 0.3 * x[3] * x[3] + 0.2 * x[4..].iter().sum::<f64>()
+}
+
+/// `v` with `digits` significant digits, in plain decimal notation.
+pub fn significant(v: f64, digits: i32) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return v.to_string();
+    }
+    let decimals = (digits - 1 - v.abs().log10().floor() as i32).max(0) as usize;
+    format!("{v:.decimals$}")
 }
