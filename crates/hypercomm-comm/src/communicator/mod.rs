@@ -199,21 +199,23 @@ impl Communicator {
     /// host knobs against the host flavor, the NCCL knobs against the loaded NCCL, or, without a GPU, that no
     /// NCCL knob is set. The split of the options between the flavors happens here and nowhere else.
     pub fn check_options(gpu: Option<&Gpu>, options: &CommOptions) -> Result<(), CommError> {
-        let (host, device) = Self::flavor_options(gpu.is_some(), options);
-        host.validate_host()?;
-        match (gpu, device) {
-            (Some(gpu), Some(device)) => gpu.check_options(&device),
-            _ => Ok(()),
-        }
+        Self::flavor_options(gpu, options).map(|_| ())
     }
 
-    /// `options` split between the flavors: the host flavor's and, with a GPU, the NCCL flavor's.
-    fn flavor_options(gpu: bool, options: &CommOptions) -> (CommOptions, Option<CommOptions>) {
-        if gpu {
-            (options.without_nccl_knobs(), Some(options.for_device()))
-        } else {
-            (options.clone(), None)
+    /// `options` split between the flavors, each checked: the host flavor's and, with a GPU, the NCCL flavor's.
+    fn flavor_options(
+        gpu: Option<&Gpu>,
+        options: &CommOptions,
+    ) -> Result<(CommOptions, Option<CommOptions>), CommError> {
+        let (host, device) = match gpu {
+            Some(_) => (options.without_nccl_knobs(), Some(options.for_device())),
+            None => (options.clone(), None),
+        };
+        host.validate_host()?;
+        if let (Some(gpu), Some(device)) = (gpu, &device) {
+            gpu.check_options(device)?;
         }
+        Ok((host, device))
     }
 
     /// The one constructor: the host flavor through the store, then, from `device`, the NCCL flavor in the host
@@ -231,8 +233,7 @@ impl Communicator {
             DeviceSource::Fresh(gpu) => &**gpu,
             DeviceSource::Split { parent, .. } => &**parent.gpu(),
         });
-        Communicator::check_options(gpu, &options)?;
-        let (host_options, device_options) = Self::flavor_options(device.is_some(), &options);
+        let (host_options, device_options) = Self::flavor_options(gpu, &options)?;
         let mut comm = Communicator::host(Arc::clone(&store), ranks.clone(), me, host_options)?;
         if let (Some(source), Some(device_options)) = (device, device_options) {
             let device_options = CommOptions {
@@ -259,14 +260,13 @@ impl Communicator {
         Ok(comm)
     }
 
-    /// The host flavor alone.
+    /// The host flavor alone, from options [`flavor_options`](Self::flavor_options) checked.
     fn host(
         store: Arc<dyn Store>,
         ranks: Vec<usize>,
         me: usize,
         options: CommOptions,
     ) -> Result<Communicator, CommError> {
-        options.validate_host()?;
         let rank = crate::checks::member_position(&options.name, &ranks, me)?;
         let domain = match &options.failure_domain {
             Some(d) if d.rank() != me => {
