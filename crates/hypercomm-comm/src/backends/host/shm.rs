@@ -232,31 +232,23 @@ fn payload_len(payload: &Payload<'_>) -> usize {
     }
 }
 
-/// The messages that may move now: the first unfinished one of each peer and direction, in order.
-fn active_messages(
-    messages: &[Message<'_>],
-    moved: &[usize],
-    total: &[usize],
-    ranks: usize,
-) -> Vec<usize> {
-    let mut taken = vec![[false; 2]; ranks];
-    (0..messages.len())
-        .filter(|&i| {
-            if moved[i] == total[i] {
-                return false;
-            }
-            let slot = &mut taken[messages[i].peer]
-                [usize::from(matches!(messages[i].payload, Payload::In(_)))];
-            !std::mem::replace(slot, true)
-        })
-        .collect()
+/// How many mailbox pieces message `m` takes (one at least: an empty message still goes through).
+fn pieces(m: &Message<'_>, cap: usize) -> usize {
+    payload_len(&m.payload).div_ceil(cap).max(1)
+}
+
+/// Whether message `i` may move now: it is unfinished, and no earlier message with its peer and direction is (those
+/// go first, so their pieces never interleave).
+fn is_active(messages: &[Message<'_>], moved: &[usize], i: usize, cap: usize) -> bool {
+    let unfinished = |j: usize| moved[j] < pieces(&messages[j], cap);
+    let lane = |m: &Message<'_>| (m.peer, matches!(m.payload, Payload::In(_)));
+    unfinished(i) && !(0..i).any(|j| lane(&messages[j]) == lane(&messages[i]) && unfinished(j))
 }
 
 /// What an exchange waits for, for errors: each active message's header and peer.
-fn describe(active: &[usize], messages: &[Message<'_>]) -> String {
+fn describe(active: impl Iterator<Item = usize>, messages: &[Message<'_>]) -> String {
     active
-        .iter()
-        .map(|&i| {
+        .map(|i| {
             let m = &messages[i];
             match m.payload {
                 Payload::Out(_) => format!("{} to rank {}", m.header, m.peer),
@@ -417,17 +409,17 @@ impl Transport for ShmTransport {
     fn exchange(&mut self, messages: &mut [Message<'_>]) -> Result<(), CommError> {
         let me = self.rank;
         let cap = self.seg.mailbox;
-        let pieces = |m: &Message<'_>| payload_len(&m.payload).div_ceil(cap).max(1);
-        let total: Vec<usize> = messages.iter().map(pieces).collect();
         let mut moved = vec![0usize; messages.len()];
         loop {
-            let active = active_messages(messages, &moved, &total, self.seg.n);
-            if active.is_empty() {
+            if (0..messages.len()).all(|i| moved[i] == pieces(&messages[i], cap)) {
                 return Ok(());
             }
             let mut progressed = false;
-            for &i in &active {
-                while moved[i] < total[i] && self.can_move(&messages[i]) {
+            for i in 0..messages.len() {
+                if !is_active(messages, &moved, i, cap) {
+                    continue;
+                }
+                while moved[i] < pieces(&messages[i], cap) && self.can_move(&messages[i]) {
                     let m = &mut messages[i];
                     let piece = moved[i] * cap;
                     match &mut m.payload {
@@ -484,11 +476,12 @@ impl Transport for ShmTransport {
                 }
             }
             if !progressed {
-                let during = || describe(&active, messages);
+                let active =
+                    || (0..messages.len()).filter(|&i| is_active(messages, &moved, i, cap));
                 self.wait(
-                    &during,
-                    &|| active.iter().any(|&i| self.can_move(&messages[i])),
-                    &|| active.iter().map(|&i| messages[i].peer).collect(),
+                    &|| describe(active(), messages),
+                    &|| active().any(|i| self.can_move(&messages[i])),
+                    &|| active().map(|i| messages[i].peer).collect(),
                 )?;
             }
         }
