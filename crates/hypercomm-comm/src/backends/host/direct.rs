@@ -149,13 +149,14 @@ fn records(
     Ok(Some(records))
 }
 
-/// Reads bytes `at` of rank `r`'s buffer into `dst`. A failure names rank `r` as dead when its process is gone, as a
-/// wait on it would. A process being killed loses its memory before it turns into a zombie, and meanwhile a read
-/// fails with ESRCH (no memory to read) or EFAULT (the agreed buffer unmapped) while the process still looks alive;
-/// so a failed read watches the process for up to [`EXIT_GRACE`] before calling the failure anything but its
-/// death.
+/// Reads bytes `at` of rank `r`'s buffer into `dst`. A read fails when its peer left the operation: it died (a
+/// process being killed loses its memory before it turns into a zombie, so the read fails with ESRCH or EFAULT while
+/// the process still looks alive), or it gave up after a failure of its own and released its buffer. So a failed read
+/// watches for either for up to [`PEER_GRACE`]: a death is [`CommError::PeerDied`] naming rank `r`, an abort the
+/// peer's [`CommError::AbortedByPeer`] with its root cause, as a wait would report them; only a peer that does
+/// neither leaves the read's own I/O error.
 fn read(
-    comm: &str,
+    cx: &Ctx<'_>,
     records: &[Record],
     r: usize,
     at: usize,
@@ -165,35 +166,29 @@ fn read(
     records[r].read(at, dst).map_err(|source| {
         let pid = records[r].pid;
         let during = format!("reading bytes {at}..{end} of rank {r}'s buffer in process {pid}");
-        if !exits_within(pid, EXIT_GRACE) {
-            CommError::Io {
-                comm: comm.to_owned(),
-                what: during,
-                source,
+        let deadline = std::time::Instant::now() + PEER_GRACE;
+        // Bounded by the deadline.
+        loop {
+            if !process_alive(pid) {
+                return CommError::peer_died(cx.comm, vec![r], during);
             }
-        } else {
-            CommError::peer_died(comm, vec![r], during)
+            if let Err(aborted) = cx.t.peer_aborted(&during) {
+                return aborted;
+            }
+            if std::time::Instant::now() >= deadline {
+                return CommError::Io {
+                    comm: cx.comm.to_owned(),
+                    what: during,
+                    source,
+                };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     })
 }
 
-/// How long a failed read waits for the peer's process to finish exiting before it reports an I/O error.
-const EXIT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Whether process `pid` is gone (or a zombie) within `grace`, looking every millisecond.
-fn exits_within(pid: u32, grace: std::time::Duration) -> bool {
-    let deadline = std::time::Instant::now() + grace;
-    // Bounded by the deadline.
-    loop {
-        if !process_alive(pid) {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-}
+/// How long a failed read watches its peer for a death or an abort before it reports its own I/O error.
+const PEER_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Reduces bytes `at` of every rank's buffer, in rank order, into `out` (whose length is `at`'s): this rank's
 /// contribution is `own` (`None`: `out` holds it), the peers' are read in steps of [`STEP_BYTES`].
@@ -217,7 +212,7 @@ fn reduce_from_peers(
         let len = bytes.len();
         for (k, r) in (0..n).filter(|&r| r != me).enumerate() {
             let dst = &mut as_bytes_mut(&mut scratch[k])[..len];
-            read(cx.comm, records, r, at.start + bytes.start, dst)?;
+            read(cx, records, r, at.start + bytes.start, dst)?;
         }
         // Scratch `k` holds the k-th peer in rank order, so rank r's is r's position among the ranks but `me`.
         let srcs: Vec<Src<'_>> = (0..n)
@@ -249,7 +244,7 @@ pub(crate) fn all_reduce(
     barrier(cx, 2)?;
     for r in (0..n).filter(|&r| r != me) {
         let theirs = scale(part(buf.len() / s, n, r), s);
-        read(cx.comm, &records, r, theirs.start, &mut buf[theirs])?;
+        read(cx, &records, r, theirs.start, &mut buf[theirs])?;
     }
     barrier(cx, 3)?;
     Ok(true)
@@ -274,7 +269,7 @@ pub(crate) fn all_gather(
         stream_copy::copy(&mut out[block(me)], input, stream);
     }
     for r in (0..n).filter(|&r| r != me) {
-        read(cx.comm, &records, r, 0, &mut out[block(r)])?;
+        read(cx, &records, r, 0, &mut out[block(r)])?;
     }
     barrier(cx, 2)?;
     Ok(true)

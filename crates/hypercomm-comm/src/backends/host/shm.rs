@@ -487,6 +487,10 @@ impl Transport for ShmTransport {
         }
     }
 
+    fn peer_aborted(&self, during: &str) -> Result<(), CommError> {
+        self.check_aborted(&|| during.to_owned())
+    }
+
     fn attach(&mut self) -> Option<&mut Attach> {
         Some(&mut self.attach)
     }

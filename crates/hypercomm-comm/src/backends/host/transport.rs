@@ -78,6 +78,12 @@ pub(crate) trait Transport: Send {
     fn exchange(&mut self, messages: &mut [Message<'_>]) -> Result<(), CommError>;
     /// Tells the peers this rank gives up, so that their waits fail at once.
     fn abort(&mut self);
+    /// Fails with [`CommError::AbortedByPeer`] (naming the peer's root cause) once a peer has given up, for
+    /// transports that can tell without waiting; the others never fail here.
+    fn peer_aborted(&self, during: &str) -> Result<(), CommError> {
+        let _ = during;
+        Ok(())
+    }
     /// This rank's side of reading the peers' buffers where they are ([`cross_memory`](super::cross_memory)),
     /// for transports whose ranks share a host; `None` for the others.
     fn attach(&mut self) -> Option<&mut Attach> {
