@@ -75,60 +75,6 @@ fn direct_reads_give_the_staged_paths_bits() {
     }
 }
 
-/// Forbids this thread (and the threads it starts) `process_vm_readv`, as a container's seccomp profile can: the
-/// call fails with EPERM. Returns false where the filter cannot be installed here.
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-fn forbid_reading_other_processes() -> bool {
-    // Load the system call number; EPERM for process_vm_readv, allow anything else. (The architecture word is not
-    // checked: the filter lives only as long as this test thread and the ones it starts, all x86_64.)
-    let errno_eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
-    let mut program = [
-        libc::sock_filter {
-            code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
-            jt: 0,
-            jf: 0,
-            k: 0,
-        },
-        libc::sock_filter {
-            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-            jt: 0,
-            jf: 1,
-            k: libc::SYS_process_vm_readv as u32,
-        },
-        libc::sock_filter {
-            code: (libc::BPF_RET | libc::BPF_K) as u16,
-            jt: 0,
-            jf: 0,
-            k: errno_eperm,
-        },
-        libc::sock_filter {
-            code: (libc::BPF_RET | libc::BPF_K) as u16,
-            jt: 0,
-            jf: 0,
-            k: libc::SECCOMP_RET_ALLOW,
-        },
-    ];
-    let prog = libc::sock_fprog {
-        len: program.len() as u16,
-        filter: program.as_mut_ptr(),
-    };
-    // SAFETY: plain prctl calls on this thread; `prog` points at `program`, which outlives the call (the kernel
-    // copies the filter).
-    unsafe {
-        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-            && libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER,
-                &prog as *const libc::sock_fprog,
-            ) == 0
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
-fn forbid_reading_other_processes() -> bool {
-    false
-}
-
 /// One rank may not read its peers (it may be read): every rank must stage, or the ranks would run different
 /// rounds. Several operations of each kind in a row, so the agreement is also kept rather than probed once and
 /// forgotten.

@@ -2,10 +2,12 @@
 //! [`Op`] on it.
 //!
 //! [`Communicator`](crate::Communicator) validates lengths, roots and peers ([`Op::check`]), converts typed
-//! buffers to bytes and runs [`execute`] on its progress thread, one operation at a time in issue order. A backend
+//! buffers to bytes and runs [`execute`] on its progress thread, one operation at a time in issue order (point-to-point operations
+//! issued back to back run together, in steps of [`Backend::p2p_step`]). A backend
 //! may therefore assume well-formed local arguments; it must still detect ranks that disagree with each other.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::CommError;
 use crate::element::{DType, ReduceOp, as_bytes, as_bytes_mut};
@@ -37,6 +39,80 @@ pub(crate) struct Part<'a> {
     pub tag: u64,
     /// The bytes.
     pub payload: Payload<'a>,
+}
+
+/// How far the messages of an exchange have come, kept between the steps of
+/// [`Backend::p2p_step`] so that an exchange can stop, take more messages and go on.
+pub(crate) struct Progress {
+    /// Per message, how far it has come, in the transport's own unit (mailbox pieces, bytes written).
+    pub moved: Vec<usize>,
+    /// Per message, whether it is complete.
+    pub done: Vec<bool>,
+    /// Per message, the transport's own note of where it stands (how shared memory tells a message it hands over
+    /// by address from one it streams).
+    pub stage: Vec<u8>,
+    /// Since when the exchange has waited without moving anything: its timeout runs from here.
+    pub stalled_since: Option<Instant>,
+}
+
+impl Progress {
+    /// The progress of `n` messages that have not started.
+    pub(crate) fn new(n: usize) -> Progress {
+        Progress {
+            moved: vec![0; n],
+            done: vec![false; n],
+            stage: vec![0; n],
+            stalled_since: None,
+        }
+    }
+
+    /// Makes room for messages appended to the exchange, up to `n` in all.
+    pub(crate) fn grow(&mut self, n: usize) {
+        self.moved.resize(n.max(self.moved.len()), 0);
+        self.done.resize(n.max(self.done.len()), false);
+        self.stage.resize(n.max(self.stage.len()), 0);
+    }
+
+    /// Appends the progress of the messages of another exchange, issued after this one's.
+    pub(crate) fn append(&mut self, other: Progress) {
+        self.moved.extend(other.moved);
+        self.done.extend(other.done);
+        self.stage.extend(other.stage);
+    }
+
+    /// Keeps the messages `keep` marks (the others left the exchange), in their order.
+    pub(crate) fn retain(&mut self, keep: &[bool]) {
+        let mut i = 0;
+        self.moved.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        let mut i = 0;
+        self.done.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        let mut i = 0;
+        self.stage.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+    }
+
+    /// Whether every message is complete.
+    pub(crate) fn finished(&self) -> bool {
+        self.done.iter().all(|&d| d)
+    }
+
+    /// Notes that the exchange moved something: a later wait's timeout starts afresh.
+    pub(crate) fn moved_now(&mut self) {
+        self.stalled_since = None;
+    }
+
+    /// When the current wait began (now, if the exchange was moving until now).
+    pub(crate) fn stalled(&mut self) -> Instant {
+        *self.stalled_since.get_or_insert_with(Instant::now)
+    }
 }
 
 /// The collectives that take symmetric buffers (see [`crate::symmetric`]), all in place.
@@ -101,6 +177,16 @@ pub(crate) trait Backend: Send {
     /// here or on the peers, makes one wait on another; returns when all are done. Parts with the same peer and
     /// direction go in their order.
     fn batch(&mut self, parts: &mut [Part<'_>], dtype: DType) -> Result<(), CommError>;
+    /// One step of a point-to-point exchange that may grow between steps (each part with its element type): moves
+    /// the parts from where `progress` says they are, and returns `Ok(true)` once all are complete, or `Ok(false)`
+    /// where it would wait and `pause` holds or a part completed in this step. The caller calls again with the same
+    /// parts in the same order (less those it took out with [`Progress::retain`]) and possibly more appended.
+    fn p2p_step(
+        &mut self,
+        parts: &mut [(Part<'_>, DType)],
+        progress: &mut Progress,
+        pause: &dyn Fn() -> bool,
+    ) -> Result<bool, CommError>;
     fn barrier(&mut self) -> Result<(), CommError>;
     /// The in-place collective `op` over the symmetric buffers of `bytes` at byte `offset` of every rank's window
     /// (the windows [`symmetric_windows`](Self::symmetric_windows) returns, which must exist). Shapes as for the

@@ -4,9 +4,10 @@
 //! made by the type, at compile time: there is no wrapper enum to build and unwrap, and a collective gives back
 //! the type it was given. A communicator without a GPU refuses a device buffer with an error naming it.
 
-use crate::backend::{Io, Part, Payload, execute};
+use crate::backend::{Io, execute};
 use crate::backends::nccl::gpu::DeviceBuffer;
 use crate::communicator::Communicator;
+use crate::communicator::p2p::Route;
 use crate::element::{Element, as_bytes, as_bytes_mut};
 use crate::op::Op;
 use crate::{CommError, Work};
@@ -93,6 +94,25 @@ impl<T: Element> sealed::Flavored for Vec<T> {
         if op.reduces() {
             host_reduces::<T>(comm, op.name())?;
         }
+        // Point-to-point operations progress together with those queued next to them.
+        let route = match op {
+            Op::Send { peer, tag } => Some(Route {
+                send: true,
+                peer,
+                tag,
+            }),
+            Op::Recv { peer, tag } => Some(Route {
+                send: false,
+                peer,
+                tag,
+            }),
+            _ => None,
+        };
+        if let Some(route) = route {
+            // One buffer in, one back: `wrap` gets back the vector it was given.
+            let one = |bufs: Vec<Vec<T>>| bufs.into_iter().next().unwrap_or_default();
+            return comm.submit_p2p(vec![buf], vec![route], one).map(Work::from);
+        }
         comm.submit(move |b| {
             execute(b, &op, Io::InPlace(as_bytes_mut(&mut buf)), T::DTYPE)?;
             Ok(buf)
@@ -124,7 +144,7 @@ impl<T: Element> sealed::Flavored for Vec<T> {
     fn run_many(
         comm: &Communicator,
         op: Op,
-        mut bufs: Vec<Self>,
+        bufs: Vec<Self>,
     ) -> Result<Work<Vec<Self>>, CommError> {
         let Op::Batch(messages) = op else {
             return Err(crate::checks::invalid(
@@ -132,25 +152,15 @@ impl<T: Element> sealed::Flavored for Vec<T> {
                 format!("{} is not a batch", op.name()),
             ));
         };
-        comm.submit(move |b| {
-            let mut parts: Vec<Part<'_>> = bufs
-                .iter_mut()
-                .zip(&messages)
-                .map(|(buf, m)| Part {
-                    peer: m.peer,
-                    tag: m.tag,
-                    payload: if m.send {
-                        Payload::Out(as_bytes(buf))
-                    } else {
-                        Payload::In(as_bytes_mut(buf))
-                    },
-                })
-                .collect();
-            b.batch(&mut parts, T::DTYPE)?;
-            drop(parts);
-            Ok(bufs)
-        })
-        .map(Work::from)
+        let routes = messages
+            .iter()
+            .map(|m| Route {
+                send: m.send,
+                peer: m.peer,
+                tag: m.tag,
+            })
+            .collect();
+        comm.submit_p2p(bufs, routes, |bufs| bufs).map(Work::from)
     }
 }
 

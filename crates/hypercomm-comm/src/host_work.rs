@@ -25,7 +25,8 @@ impl<R> Slot<R> {
 
 /// The pending result of an operation: the buffers it borrowed, or the error that stopped it.
 ///
-/// Operations on one communicator complete in the order they were issued.
+/// Operations on one communicator complete in the order they were issued, except sends and receives issued back to
+/// back, which progress together and complete each on its own.
 pub(crate) struct HostWork<R> {
     slot: Arc<Slot<R>>,
     /// Where the operation is queued, and its id there: [`HostWork::wait`] runs it on the waiting thread when it is

@@ -12,7 +12,8 @@
 //!    [`DeviceBuffer<T>`](device::DeviceBuffer) (any [`Buffer`]), runs on the flavor the buffer's type names, and
 //!    returns a [`Work`] handle that gives the same buffers back: [`Work::wait`] blocks until done,
 //!    [`Work::wait_on`] orders a CUDA stream after a device operation instead. Several may be in flight; on one
-//!    flavor they complete in issue order.
+//!    flavor they complete in issue order, except host sends and receives issued back to back, which progress
+//!    together and complete each on its own.
 //! 4. On failure, a dead or stalled rank makes every other rank's operations fail within the timeout with an error
 //!    naming the communicator, its members and the missing ranks, all as member ids (the ids passed to
 //!    [`Communicator::new`]); the communicator is then broken and [`Communicator::abort`] releases it. Ranks stopped

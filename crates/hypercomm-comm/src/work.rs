@@ -22,7 +22,8 @@ use crate::host_work::HostWork;
 
 /// The pending result of an operation: the buffers it took, or the error that stopped it.
 ///
-/// Operations on one communicator and one flavor complete in the order they were issued.
+/// Operations on one communicator and one flavor complete in the order they were issued, except host sends and
+/// receives issued back to back, which progress together and complete each on its own.
 #[must_use = "an operation's buffers come back only through wait() or wait_on()"]
 pub struct Work<R> {
     flavor: Flavor<R>,

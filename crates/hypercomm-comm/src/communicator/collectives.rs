@@ -202,12 +202,14 @@ impl Communicator {
     }
 
     /// Sends `buf` to `peer` with `tag`. Messages between two ranks arrive in order; the matching
-    /// [`recv`](Self::recv) must name the same tag, type and length. A send may wait until the peer receives, and
-    /// operations run in issue order, so two ranks that each send before they receive can wait on each other (on
-    /// the host, once a message outgrows the transport's buffer: a mailbox piece on one machine, the socket buffers
-    /// over TCP; on NCCL, always): exchange with
-    /// [`batch`](Self::batch) instead, whose parts progress together. On a device buffer the tag must be 0: NCCL
-    /// matches messages by order alone.
+    /// [`recv`](Self::recv) must name the same tag, type and length.
+    ///
+    /// On host buffers, sends and receives issued one after another (with no collective between them) progress
+    /// together, as gloo's `isend`/`irecv` do, and each completes on its own: ranks that each send before they
+    /// receive, whatever the sizes, all complete once every rank has issued both. On NCCL a send waits until the
+    /// peer receives and device operations run in issue order, so two ranks that each send before they receive
+    /// wait on each other: exchange with [`batch`](Self::batch), one NCCL group, instead. On a device buffer the tag
+    /// must be 0: NCCL matches messages by order alone.
     pub fn send<B: Buffer>(&self, buf: B, peer: usize, tag: u64) -> Result<Work<B>, CommError> {
         self.one(Op::Send { peer, tag }, buf)
     }

@@ -1,6 +1,6 @@
-//! The progress thread's side of a [`Communicator`](super::Communicator): the jobs it runs in issue order, and
-//! the [`Engine`] that runs them on the backend, turning backend errors (ranks as positions) into member ids, and
-//! the first fatal one into a broken communicator, its root cause settled through the failure domain.
+//! The progress thread's side of a [`Communicator`](super::Communicator): the [`Engine`] that runs its jobs on
+//! the backend, turning backend errors (ranks as positions) into member ids, and the first fatal one into a
+//! broken communicator, its root cause settled through the failure domain.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -8,9 +8,6 @@ use std::time::Duration;
 use crate::CommError;
 use crate::backend::Backend;
 use crate::failure::{self, Context, FailureDomain};
-
-/// One operation for the progress thread.
-pub(super) type Job = Box<dyn FnOnce(&mut Engine) + Send>;
 
 /// The progress thread's state: the backend, whether the communicator is broken, and where to report a failure.
 pub(super) struct Engine {

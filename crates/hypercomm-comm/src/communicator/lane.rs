@@ -1,4 +1,5 @@
-//! A communicator's lane: its operations in issue order, and the one engine that runs them, one at a time.
+//! A communicator's lane: its operations in issue order, and the one engine that runs them, one at a time (the
+//! point-to-point operations queued back to back count as one: they run as one exchange, see [`super::p2p`]).
 //!
 //! Whoever runs the job at the head of the queue holds the engine meanwhile: the progress thread, or the thread
 //! that waits on that very job. [`Work::wait`](crate::Work::wait) runs its job inline when the job is next and
@@ -23,11 +24,13 @@
 //! rank gives up.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::engine::{Engine, Job};
+use super::engine::Engine;
+use super::p2p::{Exchange, P2pOp};
 use crate::CommError;
 use crate::host_work::RunInline;
 
@@ -36,6 +39,30 @@ pub(crate) const NAP: Duration = Duration::from_micros(500);
 
 /// How long after the last job a lane counts as busy (its progress thread naps rather than sleeping until woken).
 const BUSY_WINDOW: Duration = Duration::from_millis(5);
+
+/// One operation for the lane.
+pub(crate) enum Job {
+    /// Runs on the engine, alone.
+    Run(Box<dyn FnOnce(&mut Engine) + Send>),
+    /// A point-to-point operation: runs in one exchange with those queued next to it (see [`super::p2p`]).
+    P2p(Box<dyn P2pOp>),
+}
+
+/// A queued entry: a job to run alone, or the consecutive point-to-point operations that run as one exchange.
+enum Queued {
+    Run(Box<dyn FnOnce(&mut Engine) + Send>),
+    P2p(Exchange),
+}
+
+impl Queued {
+    /// Whether job `id` is this entry (filed under `at`) or one of its operations.
+    fn holds(&self, at: u64, id: u64) -> bool {
+        match self {
+            Queued::Run(_) => at == id,
+            Queued::P2p(exchange) => exchange.contains(id),
+        }
+    }
+}
 
 /// Where the engine is.
 enum Slot {
@@ -49,7 +76,7 @@ enum Slot {
 
 struct State {
     engine: Slot,
-    jobs: VecDeque<(u64, Job)>,
+    jobs: VecDeque<(u64, Queued)>,
     /// The id the next job gets.
     next: u64,
     /// The progress thread was started.
@@ -84,11 +111,11 @@ impl State {
         }
     }
 
-    /// The next job and the engine, when the engine is free and a job is queued (and, with `only`, that job is
-    /// `only`).
-    fn take_next(&mut self, only: Option<u64>) -> Option<(Job, Box<Engine>)> {
-        let next = self.jobs.front().map(|(id, _)| *id)?;
-        if only.is_some_and(|want| want != next) {
+    /// The next entry and the engine, when the engine is free and an entry is queued (and, with `only`, it holds
+    /// job `only`).
+    fn take_next(&mut self, only: Option<u64>) -> Option<(Queued, Box<Engine>)> {
+        let (at, front) = self.jobs.front()?;
+        if only.is_some_and(|want| !front.holds(*at, want)) {
             return None;
         }
         let engine = match std::mem::replace(&mut self.engine, Slot::Busy) {
@@ -107,6 +134,11 @@ impl State {
             }
         }
     }
+
+    /// Whether the next entry is point-to-point operations.
+    fn p2p_next(&self) -> bool {
+        matches!(self.jobs.front(), Some((_, Queued::P2p(_))))
+    }
 }
 
 fn retire((mut engine, tell_peers): (Box<Engine>, bool)) {
@@ -124,6 +156,9 @@ pub(crate) struct Lane {
     changed: Condvar,
     progress: Mutex<Option<JoinHandle<()>>>,
     comm: String,
+    /// The next entry is point-to-point operations: a running exchange should stop and take them in. Read without
+    /// the lock in an exchange's waits; written under it.
+    p2p_next: AtomicBool,
 }
 
 impl Lane {
@@ -143,6 +178,7 @@ impl Lane {
             changed: Condvar::new(),
             progress: Mutex::new(None),
             comm: comm.to_owned(),
+            p2p_next: AtomicBool::new(false),
         })
     }
 
@@ -175,7 +211,17 @@ impl Lane {
         }
         let id = state.next;
         state.next += 1;
-        state.jobs.push_back((id, job));
+        match job {
+            Job::Run(f) => state.jobs.push_back((id, Queued::Run(f))),
+            Job::P2p(op) => {
+                let exchange = Exchange::new(id, op);
+                match state.jobs.back_mut() {
+                    Some((_, Queued::P2p(last))) => last.absorb(exchange),
+                    _ => state.jobs.push_back((id, Queued::P2p(exchange))),
+                }
+            }
+        }
+        self.p2p_next.store(state.p2p_next(), Ordering::SeqCst);
         state.last_push = Some(Instant::now());
         // A napping progress thread looks within a nap; one waiting for the engine looks when it comes back; one
         // asleep is woken (the first job after a quiet spell).
@@ -207,8 +253,9 @@ impl Lane {
                 return;
             }
             if let Some((job, mut engine)) = state.take_next(None) {
+                self.p2p_next.store(state.p2p_next(), Ordering::SeqCst);
                 drop(state);
-                job(&mut engine);
+                self.run(job, &mut engine, None);
                 state = self.put_back(engine);
                 continue;
             }
@@ -228,6 +275,55 @@ impl Lane {
             state.napping = false;
             state.awaits_engine = false;
         }
+    }
+
+    /// Runs `job` on `engine`; with `until`, a point-to-point exchange returns once job `until` has completed,
+    /// and its rest goes back to the front of the queue for the progress thread.
+    fn run(&self, job: Queued, engine: &mut Engine, until: Option<u64>) {
+        match job {
+            Queued::Run(f) => f(engine),
+            Queued::P2p(exchange) => {
+                let queued = || self.p2p_next.load(Ordering::SeqCst);
+                let mut more = || self.take_p2p_next();
+                if let Some(rest) = exchange.run(engine, until, &queued, &mut more) {
+                    self.put_front(rest);
+                }
+            }
+        }
+    }
+
+    /// The point-to-point operations queued next, taken out for a running exchange to take in.
+    fn take_p2p_next(&self) -> Option<Exchange> {
+        let mut state = self.lock();
+        if !state.p2p_next() {
+            return None;
+        }
+        let taken = match state.jobs.pop_front() {
+            Some((_, Queued::P2p(exchange))) => Some(exchange),
+            // `p2p_next` saw point-to-point operations first under the same lock: not reached.
+            Some(other) => {
+                state.jobs.push_front(other);
+                None
+            }
+            None => None,
+        };
+        self.p2p_next.store(state.p2p_next(), Ordering::SeqCst);
+        taken
+    }
+
+    /// Puts the rest of an exchange back at the front of the queue (joined with point-to-point operations queued
+    /// next meanwhile), for the progress thread to go on with.
+    fn put_front(&self, mut rest: Exchange) {
+        let mut state = self.lock();
+        if let Some((_, Queued::P2p(_))) = state.jobs.front()
+            && let Some((_, Queued::P2p(next))) = state.jobs.pop_front()
+        {
+            rest.absorb(next);
+        }
+        let at = rest.first_id().unwrap_or(state.next);
+        state.jobs.push_front((at, Queued::P2p(rest)));
+        self.p2p_next.store(true, Ordering::SeqCst);
+        self.changed.notify_all();
     }
 
     /// Wakes the progress thread to run whatever is queued as soon as the engine is free (for a waiter that
@@ -306,11 +402,17 @@ impl Lane {
 
 impl RunInline for Lane {
     fn run_if_next(&self, id: u64) -> bool {
-        let Some((job, mut engine)) = self.lock().take_next(Some(id)) else {
+        let taken = {
+            let mut state = self.lock();
+            let taken = state.take_next(Some(id));
+            self.p2p_next.store(state.p2p_next(), Ordering::SeqCst);
+            taken
+        };
+        let Some((job, mut engine)) = taken else {
             self.nudge();
             return false;
         };
-        job(&mut engine);
+        self.run(job, &mut engine, Some(id));
         self.give_back(engine);
         true
     }

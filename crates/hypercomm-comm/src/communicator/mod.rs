@@ -8,19 +8,22 @@
 //! NCCL. Both give back a [`Work`] for the same buffers.
 //!
 //! The host flavor moves an operation's buffers into a job on the communicator's lane, where jobs run one at a
-//! time in issue order; a job runs on the thread that waits on it when it is next (the usual issue-then-wait),
+//! time in issue order, except that point-to-point operations issued back to back run as one exchange (`p2p`);
+//! a job runs on the thread that waits on it when it is next (the usual issue-then-wait),
 //! otherwise on the communicator's progress thread. The progress thread starts with the first host operation, not
 //! with the communicator: a collection builds a communicator for every group of a layout (22 kinds), and the
 //! groups a program never uses then cost no thread. [`Communicator::barrier_now`] runs a barrier on the caller's
 //! thread while nothing is queued, so the collection's closing barrier on each group costs none either.
 //!
-//! The queue and the progress thread are in `lane`; what runs a job on the host backend, in `engine`; the face's
+//! The queue and the progress thread are in `lane`; what runs a job on the host backend, in `engine`; how sends
+//! and receives run together, in `p2p`; the face's
 //! operations, in `collectives`; splits, in `splits`.
 
 pub(crate) mod batch;
 mod collectives;
 mod engine;
 mod lane;
+pub(crate) mod p2p;
 pub(crate) mod splits;
 mod symmetric;
 
@@ -34,12 +37,14 @@ use crate::backend::Backend;
 use crate::backends::host::HostBackend;
 use crate::backends::nccl::communicator::{DeviceCommunicator, DeviceWork};
 use crate::backends::nccl::gpu::Gpu;
+use crate::element::Element;
 use crate::failure::{self, Context, FailureDomain, Member};
 use crate::host_work::{HostWork, RunInline, pair};
 use crate::op::{Group, Op};
 use crate::options::CommOptions;
 
-use engine::{Engine, Job, lock};
+use engine::{Engine, lock};
+use lane::Job;
 use lane::Lane;
 
 /// What an out-of-place operation gives back: its `(input, output)` buffers.
@@ -476,8 +481,30 @@ impl Communicator {
             });
         }
         let (work, done) = pair(&self.name);
-        let job: Job = Box::new(move |engine: &mut Engine| done.complete(engine.execute(f)));
+        let job = Job::Run(Box::new(move |engine: &mut Engine| {
+            done.complete(engine.execute(f))
+        }));
         let id = self.shared.lane.push(job)?;
+        Ok(work.runs_inline(Arc::clone(&self.shared.lane) as Arc<dyn RunInline>, id))
+    }
+
+    /// Queues a point-to-point operation moving `bufs[i]` along `routes[i]` on the host flavor's lane, where it
+    /// progresses together with those queued next to it (see [`p2p`]); its handle holds `wrap(bufs)`.
+    pub(crate) fn submit_p2p<T: Element, R: Send + 'static>(
+        &self,
+        bufs: Vec<Vec<T>>,
+        routes: Vec<p2p::Route>,
+        wrap: fn(Vec<Vec<T>>) -> R,
+    ) -> Result<HostWork<R>, CommError> {
+        if let Some(cause) = self.broken() {
+            return Err(CommError::Broken {
+                comm: self.name.clone(),
+                cause,
+            });
+        }
+        let (work, done) = pair(&self.name);
+        let op = p2p::Owned::new(bufs, routes, done, wrap);
+        let id = self.shared.lane.push(Job::P2p(Box::new(op)))?;
         Ok(work.runs_inline(Arc::clone(&self.shared.lane) as Arc<dyn RunInline>, id))
     }
 

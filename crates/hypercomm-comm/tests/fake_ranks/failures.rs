@@ -1,11 +1,12 @@
 //! Failures reported, not hung: a rank that never joins or never calls (a timeout, and an abort), two ranks on one
-//! device before NCCL 2.30 (refused), an asynchronous NCCL error (both flavors broken).
+//! device before NCCL 2.30 (refused), an asynchronous NCCL error (both flavors broken), counts that disagree
+//! between peers (reported by the receiver within the timeout).
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use hypercomm_comm::device::Gpu;
-use hypercomm_comm::{CommError, Communicator, ReduceOp};
+use hypercomm_comm::{CommError, Communicator, P2p, ReduceOp};
 use hypercomm_store::{MemoryStore, Store};
 
 use crate::device_checks;
@@ -138,4 +139,84 @@ fn fake_an_asynchronous_error_breaks_the_communicator() {
     assert!(nccl(&comm).check().is_err());
     // Both flavors share a failure domain: the NCCL flavor's failure broke the face too.
     assert!(comm.broken().is_some());
+}
+
+/// One rank's outcome of an operation whose counts disagree with its peer's: the error, if any, and how long it took.
+type Outcome = (Option<String>, Duration);
+
+/// Runs `call` on two ranks of a fresh communicator `name` (timeout `TIMEOUT`) and returns each rank's outcome.
+fn mismatched(
+    name: &str,
+    call: impl Fn(usize, &Communicator, &Arc<Gpu>) -> Result<(), CommError> + Sync,
+) -> Vec<Outcome> {
+    ranks(2, |rank, gpu, store| {
+        let comm = Communicator::with_gpu(
+            Arc::clone(&gpu),
+            store,
+            vec![0, 1],
+            rank,
+            options(name, MISMATCH_TIMEOUT),
+        )
+        .unwrap();
+        let started = Instant::now();
+        let result = call(rank, &comm, &gpu);
+        (result.err().map(|e| e.to_string()), started.elapsed())
+    })
+}
+
+const MISMATCH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Every outcome came within the timeout plus a margin, and the receiving rank `receiver` reports an error naming
+/// the communicator `what` (the fake fails the receive at once, as an asynchronous error; NCCL itself would hang,
+/// and the wait's timeout would report it).
+fn reported(what: &str, outcomes: &[Outcome], receiver: usize) {
+    for (rank, (_, took)) in outcomes.iter().enumerate() {
+        assert!(
+            *took < MISMATCH_TIMEOUT + Duration::from_secs(5),
+            "{what}: rank {rank} took {took:?}"
+        );
+    }
+    let err = outcomes[receiver].0.as_deref().unwrap_or_else(|| {
+        panic!("{what}: rank {receiver} received a message of the wrong size without an error")
+    });
+    assert!(err.contains(what), "{what}: {err}");
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_failures_are_reported_not_hung"]
+fn fake_mismatched_counts_between_peers_are_reported_not_hung() {
+    // A batch: rank 0 sends 8 elements where rank 1 receives 16.
+    let outcomes = mismatched("mismatch-batch", |rank, comm, gpu| {
+        let part = if rank == 0 {
+            P2p::send(gpu.upload(&[1.0f32; 8])?, 1)
+        } else {
+            P2p::recv(gpu.alloc_zeros::<f32>(16)?, 0)
+        };
+        comm.batch(vec![part])?.wait().map(drop)
+    });
+    reported("mismatch-batch", &outcomes, 1);
+
+    // All-to-all with split sizes: rank 0 sends rank 1 three elements, rank 1 expects four.
+    let outcomes = mismatched("mismatch-alltoallv", |rank, comm, gpu| {
+        let (send, recv) = if rank == 0 {
+            (vec![1, 3], vec![1, 2])
+        } else {
+            (vec![2, 1], vec![4, 1])
+        };
+        let input = gpu.upload(&vec![1i32; send.iter().sum()])?;
+        let output = gpu.alloc_zeros::<i32>(recv.iter().sum())?;
+        comm.all_to_all_v(input, send, output, recv)?
+            .wait()
+            .map(drop)
+    });
+    reported("mismatch-alltoallv", &outcomes, 1);
+
+    // All-gather with per-rank counts that the ranks state differently.
+    let outcomes = mismatched("mismatch-allgatherv", |rank, comm, gpu| {
+        let counts = if rank == 0 { vec![2, 3] } else { vec![2, 5] };
+        let input = gpu.upload(&vec![rank as u8; counts[rank]])?;
+        let output = gpu.alloc_zeros::<u8>(counts.iter().sum())?;
+        comm.all_gather_v(input, output, counts)?.wait().map(drop)
+    });
+    reported("mismatch-allgatherv", &outcomes, 1);
 }

@@ -87,6 +87,7 @@ fn suite_failures_are_reported_not_hung() {
         "failures::fake_a_rank_that_never_calls_is_a_timeout_that_aborts",
         "streams::fake_opposite_first_operations_on_twins_time_out",
         "failures::fake_two_ranks_on_one_device_need_nccl_2_30",
+        "failures::fake_mismatched_counts_between_peers_are_reported_not_hung",
     ] {
         pass_under_fake(name, &[(DEVICES, "2"), ("FAKE_NCCL_TIMEOUT_SECS", "30")]);
     }

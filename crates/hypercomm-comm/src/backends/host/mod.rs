@@ -20,11 +20,13 @@ mod liveness;
 mod mesh;
 mod segment;
 mod shm;
+mod shm_exchange;
 mod staged;
 mod staged_all_reduce;
 mod stream_copy;
 mod symmetric_algorithms;
 mod tcp;
+mod tcp_exchange;
 mod transport;
 
 use std::sync::Arc;
@@ -35,7 +37,7 @@ use self::collective::{Ctx, header as op_header};
 use self::header::{Header, OpKind};
 use self::transport::{Message, Transport};
 use crate::CommError;
-use crate::backend::{Backend, Io, Part, Payload, SymmetricOp};
+use crate::backend::{Backend, Io, Part, Payload, Progress, SymmetricOp};
 use crate::element::{DType, ReduceOp};
 use crate::options::{Algorithm, CommOptions};
 use crate::symmetric::Windows;
@@ -326,6 +328,29 @@ impl Backend for HostBackend {
             })
             .collect();
         self.transport.exchange(&mut messages)
+    }
+
+    fn p2p_step(
+        &mut self,
+        parts: &mut [(Part<'_>, DType)],
+        progress: &mut Progress,
+        pause: &dyn Fn() -> bool,
+    ) -> Result<bool, CommError> {
+        let mut messages: Vec<Message<'_>> = parts
+            .iter_mut()
+            .map(|(part, dtype)| {
+                let (len, payload) = match &mut part.payload {
+                    Payload::Out(data) => (data.len(), Payload::Out(data)),
+                    Payload::In(data) => (data.len(), Payload::In(data)),
+                };
+                Message {
+                    peer: part.peer,
+                    header: p2p_header(*dtype, len, part.tag),
+                    payload,
+                }
+            })
+            .collect();
+        self.transport.exchange_some(&mut messages, progress, pause)
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {

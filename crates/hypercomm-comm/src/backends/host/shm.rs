@@ -16,12 +16,12 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use super::cross_memory::Attach;
-use super::header::{HEADER_BYTES, Header, disagreement, p2p_mismatch};
+use super::header::{HEADER_BYTES, Header, disagreement};
 use super::liveness::process_alive;
 use super::segment::{PREFIX, Segment};
 use super::transport::{Consume, Message, Peers, Round, Transport, resolve};
 use crate::CommError;
-use crate::backend::Payload;
+use crate::backend::{Payload, Progress};
 
 /// Checks a waiting rank makes before its first `sched_yield`: a peer that is running arrives within them (a
 /// few µs), so a small operation between ranks on cores of their own never leaves user space.
@@ -40,16 +40,19 @@ const SLEEP_SLICE: Duration = Duration::from_millis(2);
 
 /// Rounds and messages through one shared-memory [`Segment`].
 pub(crate) struct ShmTransport {
-    seg: Arc<Segment>,
-    comm: String,
-    rank: usize,
+    pub(super) seg: Arc<Segment>,
+    pub(super) comm: String,
+    pub(super) rank: usize,
     timeout: Duration,
     /// Number of the last completed round.
     round_no: u64,
     /// Process ids of the ranks, from the bootstrap records (for liveness checks before a rank attaches).
     pids: Vec<u32>,
     /// Direct reads of the peers' buffers.
-    attach: Attach,
+    pub(super) attach: Attach,
+    /// Per peer, whether it refused to read this rank's messages by address (see `shm_exchange`): they are
+    /// streamed to it.
+    pub(super) streams_to: Vec<bool>,
 }
 
 impl ShmTransport {
@@ -62,6 +65,7 @@ impl ShmTransport {
     ) -> Self {
         seg.rank_ctl(rank).pid.store(std::process::id(), SeqCst);
         ShmTransport {
+            streams_to: vec![false; seg.n],
             seg,
             comm,
             rank,
@@ -72,7 +76,7 @@ impl ShmTransport {
         }
     }
 
-    fn ring(&self) {
+    pub(super) fn ring(&self) {
         let h = self.seg.header();
         h.doorbell.fetch_add(1, SeqCst);
         if h.sleepers.load(SeqCst) > 0 {
@@ -88,6 +92,18 @@ impl ShmTransport {
     /// Waits until `ready` holds. `blockers` names the ranks still awaited, for errors and liveness checks.
     fn wait(
         &self,
+        during: &dyn Fn() -> String,
+        ready: &dyn Fn() -> bool,
+        blockers: &dyn Fn() -> Vec<usize>,
+    ) -> Result<(), CommError> {
+        self.wait_since(Instant::now(), during, ready, blockers)
+    }
+
+    /// [`wait`](Self::wait) for a wait that began at `since` (an exchange that stopped and went on): the timeout
+    /// runs from there.
+    pub(super) fn wait_since(
+        &self,
+        since: Instant,
         during: &dyn Fn() -> String,
         ready: &dyn Fn() -> bool,
         blockers: &dyn Fn() -> Vec<usize>,
@@ -116,7 +132,7 @@ impl ShmTransport {
             if ready() {
                 return self.check_aborted(during);
             }
-            self.check(during, blockers, start)?;
+            self.check(during, blockers, since)?;
             h.sleepers.fetch_add(1, SeqCst);
             if ready() {
                 h.sleepers.fetch_sub(1, SeqCst);
@@ -137,7 +153,7 @@ impl ShmTransport {
         }
     }
 
-    fn check_aborted(&self, during: &dyn Fn() -> String) -> Result<(), CommError> {
+    pub(super) fn check_aborted(&self, during: &dyn Fn() -> String) -> Result<(), CommError> {
         let by = self.seg.header().aborted_by.load(SeqCst);
         if by != 0 {
             return Err(CommError::aborted_by(
@@ -186,7 +202,7 @@ impl ShmTransport {
     }
 
     /// Whether `m`'s next piece can move now: its mailbox is empty (a send) or full (a receive).
-    fn can_move(&self, m: &Message<'_>) -> bool {
+    pub(super) fn can_move(&self, m: &Message<'_>) -> bool {
         match m.payload {
             Payload::Out(_) => {
                 let ctl = self.seg.mail_ctl(self.rank, m.peer);
@@ -199,17 +215,26 @@ impl ShmTransport {
         }
     }
 
-    fn write_prefix(dst: *mut u8, header: &Header, len: usize) {
+    pub(super) fn write_prefix(dst: *mut u8, header: &Header, len: usize) {
+        Self::write_prefix_raw(dst, header, len as u64);
+    }
+
+    /// [`write_prefix`](Self::write_prefix) with any value in the length field (the point-to-point markers).
+    pub(super) fn write_prefix_raw(dst: *mut u8, header: &Header, len: u64) {
         let mut prefix = [0u8; PREFIX];
         prefix[..HEADER_BYTES].copy_from_slice(&header.encode());
-        prefix[HEADER_BYTES - 8..HEADER_BYTES].copy_from_slice(&(len as u64).to_le_bytes());
+        prefix[HEADER_BYTES - 8..HEADER_BYTES].copy_from_slice(&len.to_le_bytes());
         // SAFETY: `dst` is the start of a buffer or mailbox owned (by protocol) by this rank right now, with at
         // least PREFIX bytes.
         unsafe { std::ptr::copy_nonoverlapping(prefix.as_ptr(), dst, PREFIX) };
     }
 
     /// Reads the header and payload length at `src`, which the protocol currently makes read-only.
-    fn read_prefix(&self, src: *const u8, from: usize) -> Result<(Header, usize), CommError> {
+    pub(super) fn read_prefix(
+        &self,
+        src: *const u8,
+        from: usize,
+    ) -> Result<(Header, usize), CommError> {
         let mut prefix = [0u8; PREFIX];
         // SAFETY: `src` is a buffer or mailbox the writer handed over via an atomic store we observed; nobody
         // writes it until we signal we are done.
@@ -223,40 +248,6 @@ impl ShmTransport {
         })?;
         Ok((header, u64::from_le_bytes(len) as usize))
     }
-}
-
-fn payload_len(payload: &Payload<'_>) -> usize {
-    match payload {
-        Payload::Out(data) => data.len(),
-        Payload::In(data) => data.len(),
-    }
-}
-
-/// How many mailbox pieces message `m` takes (one at least: an empty message still goes through).
-fn pieces(m: &Message<'_>, cap: usize) -> usize {
-    payload_len(&m.payload).div_ceil(cap).max(1)
-}
-
-/// Whether message `i` may move now: it is unfinished, and no earlier message with its peer and direction is (those
-/// go first, so their pieces never interleave).
-fn is_active(messages: &[Message<'_>], moved: &[usize], i: usize, cap: usize) -> bool {
-    let unfinished = |j: usize| moved[j] < pieces(&messages[j], cap);
-    let lane = |m: &Message<'_>| (m.peer, matches!(m.payload, Payload::In(_)));
-    unfinished(i) && !(0..i).any(|j| lane(&messages[j]) == lane(&messages[i]) && unfinished(j))
-}
-
-/// What an exchange waits for, for errors: each active message's header and peer.
-fn describe(active: impl Iterator<Item = usize>, messages: &[Message<'_>]) -> String {
-    active
-        .map(|i| {
-            let m = &messages[i];
-            match m.payload {
-                Payload::Out(_) => format!("{} to rank {}", m.header, m.peer),
-                Payload::In(_) => format!("{} from rank {}", m.header, m.peer),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 struct ShmPeers<'a> {
@@ -402,89 +393,13 @@ impl Transport for ShmTransport {
         }])
     }
 
-    /// Moves every message through its pair's mailbox (one piece of at most the mailbox's size at a time), each
-    /// as far as its mailbox lets it, and waits only when no message can move: a send waits for the peer to take
-    /// the last piece, a receive for the peer to put the next one. Of the messages with one peer and direction
-    /// only the first unfinished one moves, so their pieces never interleave.
-    fn exchange(&mut self, messages: &mut [Message<'_>]) -> Result<(), CommError> {
-        let me = self.rank;
-        let cap = self.seg.mailbox;
-        let mut moved = vec![0usize; messages.len()];
-        loop {
-            if (0..messages.len()).all(|i| moved[i] == pieces(&messages[i], cap)) {
-                return Ok(());
-            }
-            let mut progressed = false;
-            for i in 0..messages.len() {
-                if !is_active(messages, &moved, i, cap) {
-                    continue;
-                }
-                while moved[i] < pieces(&messages[i], cap) && self.can_move(&messages[i]) {
-                    let m = &mut messages[i];
-                    let piece = moved[i] * cap;
-                    match &mut m.payload {
-                        Payload::Out(data) => {
-                            let end = (piece + cap).min(data.len());
-                            let bytes = &data[piece.min(data.len())..end];
-                            let dst = self.seg.mailbox(me, m.peer);
-                            Self::write_prefix(dst, &m.header, bytes.len());
-                            // SAFETY: the mailbox is empty (taken == sent, checked by can_move), so the receiver
-                            // does not read it until we bump `sent`; the piece is at most the mailbox size.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    bytes.as_ptr(),
-                                    dst.add(PREFIX),
-                                    bytes.len(),
-                                )
-                            };
-                            self.seg.mail_ctl(me, m.peer).sent.fetch_add(1, SeqCst);
-                        }
-                        Payload::In(data) => {
-                            let start = piece.min(data.len());
-                            let end = (piece + cap).min(data.len());
-                            let src = self.seg.mailbox(m.peer, me);
-                            let (got, len) = self.read_prefix(src, m.peer)?;
-                            if got != m.header {
-                                return Err(p2p_mismatch(&self.comm, me, &m.header, m.peer, &got));
-                            }
-                            if len != end - start {
-                                return Err(CommError::Protocol {
-                                    comm: self.comm.clone(),
-                                    what: format!(
-                                        "rank {} sent a {len}-byte piece where {} bytes were due",
-                                        m.peer,
-                                        end - start
-                                    ),
-                                });
-                            }
-                            // SAFETY: sent > taken (checked by can_move), so the sender filled the mailbox and does
-                            // not touch it until we bump `taken`; `len` bytes are within the mailbox
-                            // (len == end - start <= cap).
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    src.add(PREFIX),
-                                    data[start..end].as_mut_ptr(),
-                                    len,
-                                )
-                            };
-                            self.seg.mail_ctl(m.peer, me).taken.fetch_add(1, SeqCst);
-                        }
-                    }
-                    self.ring();
-                    moved[i] += 1;
-                    progressed = true;
-                }
-            }
-            if !progressed {
-                let active =
-                    || (0..messages.len()).filter(|&i| is_active(messages, &moved, i, cap));
-                self.wait(
-                    &|| describe(active(), messages),
-                    &|| active().any(|i| self.can_move(&messages[i])),
-                    &|| active().map(|i| messages[i].peer).collect(),
-                )?;
-            }
-        }
+    fn exchange_some(
+        &mut self,
+        messages: &mut [Message<'_>],
+        progress: &mut Progress,
+        pause: &dyn Fn() -> bool,
+    ) -> Result<bool, CommError> {
+        self.exchange_step(messages, progress, pause)
     }
 
     fn peer_aborted(&self, during: &str) -> Result<(), CommError> {

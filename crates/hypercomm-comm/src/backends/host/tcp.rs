@@ -16,11 +16,11 @@ use super::header::{HEADER_BYTES, Header, disagreement, p2p_mismatch};
 use super::segment::PREFIX;
 use super::transport::{Consume, Message, Peers, Round, Transport, resolve};
 use crate::CommError;
-use crate::backend::Payload;
+use crate::backend::Progress;
 use crate::options::CommOptions;
 
 const KIND_ROUND: u8 = 0;
-const KIND_P2P: u8 = 1;
+pub(super) const KIND_P2P: u8 = 1;
 const KIND_ABORT: u8 = 2;
 
 /// A received frame; the payload sits in `u64` words so that it is aligned for every element type.
@@ -48,11 +48,11 @@ fn as_u8_mut(words: &mut [u64]) -> &mut [u8] {
 
 /// Rounds and messages over TCP.
 pub(crate) struct TcpTransport {
-    comm: String,
+    pub(super) comm: String,
     rank: usize,
     n: usize,
     cap: usize,
-    timeout: Duration,
+    pub(super) timeout: Duration,
     peers: Vec<Option<TcpStream>>,
     stash: Vec<VecDeque<Frame>>,
 }
@@ -93,7 +93,7 @@ impl TcpTransport {
         })
     }
 
-    fn failure(&self, peer: usize, e: std::io::Error, during: &str) -> CommError {
+    pub(super) fn failure(&self, peer: usize, e: std::io::Error, during: &str) -> CommError {
         match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => {
                 CommError::timeout(&self.comm, vec![peer], self.timeout, during)
@@ -102,7 +102,7 @@ impl TcpTransport {
         }
     }
 
-    fn stream(&self, peer: usize) -> Result<&TcpStream, CommError> {
+    pub(super) fn stream(&self, peer: usize) -> Result<&TcpStream, CommError> {
         self.peers
             .get(peer)
             .and_then(Option::as_ref)
@@ -147,6 +147,11 @@ impl TcpTransport {
         })
     }
 
+    /// Whether a point-to-point frame from `peer` is already in the stash.
+    pub(super) fn has_p2p_frame(&self, peer: usize) -> bool {
+        self.stash[peer].iter().any(|f| f.kind == KIND_P2P)
+    }
+
     /// The next frame of `kind` from `peer`, from the stash or the wire (stashing frames of other kinds).
     fn next_frame(&mut self, peer: usize, kind: u8, during: &str) -> Result<Frame, CommError> {
         if let Some(i) = self.stash[peer].iter().position(|f| f.kind == kind) {
@@ -168,8 +173,17 @@ impl TcpTransport {
     }
 }
 
-/// The messages of an exchange to one peer, in order.
-type Outgoing<'a> = Vec<(Header, &'a [u8])>;
+/// The bytes before a frame's payload: its kind and its prefix.
+pub(super) const HEAD: usize = 1 + PREFIX;
+
+/// The head of a frame of `kind` carrying `len` bytes under `header`.
+pub(super) fn frame_head(kind: u8, header: &Header, len: usize) -> [u8; HEAD] {
+    let mut head = [0u8; HEAD];
+    head[0] = kind;
+    head[1..1 + HEADER_BYTES].copy_from_slice(&header.encode());
+    head[1 + HEADER_BYTES - 8..1 + HEADER_BYTES].copy_from_slice(&(len as u64).to_le_bytes());
+    head
+}
 
 fn write_frame(
     mut stream: &TcpStream,
@@ -178,11 +192,7 @@ fn write_frame(
     parts: &[&[u8]],
 ) -> std::io::Result<()> {
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    let mut head = [0u8; 1 + PREFIX];
-    head[0] = kind;
-    head[1..1 + HEADER_BYTES].copy_from_slice(&header.encode());
-    head[1 + HEADER_BYTES - 8..1 + HEADER_BYTES].copy_from_slice(&(len as u64).to_le_bytes());
-    stream.write_all(&head)?;
+    stream.write_all(&frame_head(kind, header, len))?;
     for p in parts {
         stream.write_all(p)?;
     }
@@ -359,77 +369,13 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
-    /// Writes the sends on threads of their own, one per peer and in order, while this thread reads the receives
-    /// in order: a write blocked on a full socket buffer (a large message to a peer that is itself still sending)
-    /// never keeps this rank from reading, so the peer's write completes and so does ours.
-    fn exchange(&mut self, messages: &mut [Message<'_>]) -> Result<(), CommError> {
-        let mut sends: Vec<(usize, Outgoing<'_>)> = Vec::new();
-        let mut recvs: Vec<(usize, Header, &mut [u8])> = Vec::new();
-        for m in messages.iter_mut() {
-            match &mut m.payload {
-                Payload::Out(data) => match sends.iter_mut().find(|(p, _)| *p == m.peer) {
-                    Some((_, queue)) => queue.push((m.header, &**data)),
-                    None => sends.push((m.peer, vec![(m.header, &**data)])),
-                },
-                Payload::In(data) => recvs.push((m.peer, m.header, &mut **data)),
-            }
-        }
-        // One peer to write to and nothing to read: nothing to overlap.
-        if recvs.is_empty() && sends.len() <= 1 {
-            for (peer, queue) in &sends {
-                for (header, data) in queue {
-                    self.send(*peer, header, data)?;
-                }
-            }
-            return Ok(());
-        }
-        let mut writers = Vec::with_capacity(sends.len());
-        for (peer, queue) in sends {
-            let stream = self
-                .stream(peer)?
-                .try_clone()
-                .map_err(|source| CommError::Io {
-                    comm: self.comm.clone(),
-                    what: format!("duplicating the connection to rank {peer}"),
-                    source,
-                })?;
-            writers.push((peer, stream, queue));
-        }
-        std::thread::scope(|scope| {
-            let running: Vec<_> = writers
-                .into_iter()
-                .map(|(peer, stream, queue)| {
-                    let thread = scope.spawn(move || {
-                        for (header, data) in &queue {
-                            if let Err(e) = write_frame(&stream, KIND_P2P, header, &[data]) {
-                                return Err((format!("{header} to rank {peer}"), e));
-                            }
-                        }
-                        Ok(())
-                    });
-                    (peer, thread)
-                })
-                .collect();
-            let mut result = Ok(());
-            for (peer, header, data) in recvs {
-                if let Err(e) = self.recv(peer, &header, data) {
-                    result = Err(e);
-                    break;
-                }
-            }
-            for (peer, thread) in running {
-                let written = thread.join().unwrap_or_else(|_| {
-                    Err((
-                        format!("a send to rank {peer}"),
-                        std::io::Error::other("the writing thread panicked"),
-                    ))
-                });
-                if let (Ok(()), Err((during, e))) = (&result, written) {
-                    result = Err(self.failure(peer, e, &during));
-                }
-            }
-            result
-        })
+    fn exchange_some(
+        &mut self,
+        messages: &mut [Message<'_>],
+        progress: &mut Progress,
+        pause: &dyn Fn() -> bool,
+    ) -> Result<bool, CommError> {
+        self.exchange_step(messages, progress, pause)
     }
 
     fn sever(&mut self, peer: usize) -> Result<(), CommError> {

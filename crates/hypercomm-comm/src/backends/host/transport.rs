@@ -11,7 +11,7 @@ use std::ops::Range;
 use super::cross_memory::Attach;
 use super::header::Header;
 use crate::CommError;
-use crate::backend::Payload;
+use crate::backend::{Payload, Progress};
 
 /// One message of [`Transport::exchange`]: to or from `peer`, under `header`.
 pub(crate) struct Message<'a> {
@@ -75,7 +75,23 @@ pub(crate) trait Transport: Send {
     /// Sends and receives every message at once: no message waits for another to complete, so two ranks that
     /// send each other large messages in one exchange both finish. Messages with the same peer and direction
     /// go in their order, as separate sends and receives would.
-    fn exchange(&mut self, messages: &mut [Message<'_>]) -> Result<(), CommError>;
+    fn exchange(&mut self, messages: &mut [Message<'_>]) -> Result<(), CommError> {
+        let mut progress = Progress::new(messages.len());
+        while !self.exchange_some(messages, &mut progress, &|| false)? {}
+        Ok(())
+    }
+    /// [`exchange`](Self::exchange) in steps: moves the messages as far as they go from where `progress` says
+    /// they are, and returns `Ok(true)` once all are complete. It returns `Ok(false)` instead of waiting when
+    /// `pause` holds (the caller has more messages for the exchange) or when a message completed during this call
+    /// (the caller may hand its buffer back), having recorded how far every message came; the caller calls again
+    /// with the same messages in the same order, and possibly more appended. A wait that moves nothing for the
+    /// communicator's timeout fails, as a blocking exchange's would.
+    fn exchange_some(
+        &mut self,
+        messages: &mut [Message<'_>],
+        progress: &mut Progress,
+        pause: &dyn Fn() -> bool,
+    ) -> Result<bool, CommError>;
     /// Tells the peers this rank gives up, so that their waits fail at once.
     fn abort(&mut self);
     /// Fails with [`CommError::AbortedByPeer`] (naming the peer's root cause) once a peer has given up, for
