@@ -202,3 +202,29 @@ fn a_rank_that_may_not_read_its_peers_gets_large_messages_streamed() {
         println!("skipped: a seccomp filter could not be installed on this machine");
     }
 }
+
+#[test]
+fn a_dropped_connection_fails_sends_and_receives_under_way() {
+    // Over TCP, rank 0 writes a large message (on a writer thread, as it also waits to receive) to rank 1, which
+    // drops the connection instead of reading: rank 0 fails, well before its timeout, rather than hang.
+    let opts = hypercomm::comm::CommOptions {
+        timeout: Duration::from_secs(20),
+        ..options("dropped", true)
+    };
+    let results = on_threads(2, opts, move |comm| {
+        if comm.rank() == 1 {
+            comm.inject_connection_drop(0).unwrap().wait().unwrap();
+            std::thread::sleep(Duration::from_secs(2));
+            return None;
+        }
+        let started = std::time::Instant::now();
+        let sent = comm.send(message(0, 1, 4 << 20), 1, 0).unwrap();
+        let received = comm.recv(vec![0u32; 8], 1, 0).unwrap();
+        let err = received.wait().err().or_else(|| sent.wait().err());
+        Some((err.map(|e| e.to_string()), started.elapsed()))
+    });
+    let (err, took) = results[0].clone().unwrap();
+    let err = err.expect("rank 0's exchange with a dropped peer succeeded");
+    assert!(err.contains("rank 1"), "{err}");
+    assert!(took < Duration::from_secs(15), "took {took:?}: {err}");
+}

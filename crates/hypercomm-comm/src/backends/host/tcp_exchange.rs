@@ -41,6 +41,14 @@ impl Outgoing<'_> {
 /// Why a writer stopped early: what it was writing, and the error.
 type WriteFailure = (String, std::io::Error);
 
+/// What a writer thread tells the reading thread.
+enum Written {
+    /// Message `index` is on the wire.
+    Message(usize),
+    /// The writer has stopped: done, told to stop, or failed (`true`).
+    Ended(bool),
+}
+
 /// Writes `queue` in order to `stream` (whose write timeout is [`SLICE`]) until done, or until `stop` holds at a
 /// slice's end, or nothing moves for `timeout`; reports each completed message's index on `done`.
 fn write_queue(
@@ -192,7 +200,7 @@ impl TcpTransport {
                 .map_err(|(during, e)| self.failure(*peer, e, &during));
         }
         let stop = AtomicBool::new(false);
-        let (tx, rx) = mpsc::channel::<usize>();
+        let (tx, rx) = mpsc::channel::<Written>();
         std::thread::scope(|scope| {
             let writers: Vec<_> = sends
                 .iter_mut()
@@ -201,16 +209,18 @@ impl TcpTransport {
                     let (peer, tx, stop) = (*peer, tx.clone(), &stop);
                     let thread = scope.spawn(move || {
                         let done = |i: usize| {
-                            let _ = tx.send(i);
+                            let _ = tx.send(Written::Message(i));
                         };
-                        write_queue(
+                        let result = write_queue(
                             stream,
                             queue,
                             peer,
                             &|| stop.load(Ordering::Relaxed),
                             timeout,
                             &done,
-                        )
+                        );
+                        let _ = tx.send(Written::Ended(result.is_err()));
+                        result
                     });
                     (peer, thread)
                 })
@@ -243,17 +253,30 @@ impl TcpTransport {
         progress: &mut Progress,
         pause: &dyn Fn() -> bool,
         recvs: &mut Vec<usize>,
-        written: &mpsc::Receiver<usize>,
+        written: &mpsc::Receiver<Written>,
         writers: usize,
     ) -> Result<(), CommError> {
-        let mut writers_done = 0;
+        let mut ended = 0;
         let mut finished_here = false;
+        // What a writer said: whether a message completed; a failed writer ends the step (its error is reported
+        // when it is joined).
+        let heard = |news: Written, progress: &mut Progress, ended: &mut usize| match news {
+            Written::Message(i) => {
+                progress.done[i] = true;
+                Ok(true)
+            }
+            Written::Ended(failed) => {
+                *ended += 1;
+                if failed { Err(()) } else { Ok(false) }
+            }
+        };
         loop {
             let mut moved = false;
-            while let Ok(i) = written.try_recv() {
-                writers_done += 1;
-                progress.done[i] = true;
-                moved = true;
+            while let Ok(news) = written.try_recv() {
+                match heard(news, progress, &mut ended) {
+                    Ok(m) => moved |= m,
+                    Err(()) => return Ok(()),
+                }
             }
             // The first unfinished receive of each peer, with a frame already stashed or not.
             let mut due: Vec<usize> = Vec::new();
@@ -269,11 +292,12 @@ impl TcpTransport {
                 .collect();
             if ready.is_empty() && !due.is_empty() {
                 ready = self.poll_readable(&due, messages)?;
-            } else if due.is_empty() && writers_done < writers && !moved {
-                if let Ok(i) = written.recv_timeout(SLICE) {
-                    writers_done += 1;
-                    progress.done[i] = true;
-                    moved = true;
+            } else if due.is_empty() && ended < writers && !moved {
+                if let Ok(news) = written.recv_timeout(SLICE) {
+                    match heard(news, progress, &mut ended) {
+                        Ok(m) => moved |= m,
+                        Err(()) => return Ok(()),
+                    }
                 }
             }
             for i in ready {
@@ -292,7 +316,7 @@ impl TcpTransport {
                 progress.moved_now();
                 finished_here = true;
             }
-            if recvs.is_empty() && writers_done == writers {
+            if recvs.is_empty() && ended == writers {
                 return Ok(());
             }
             if moved {
