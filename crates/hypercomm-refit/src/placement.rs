@@ -4,6 +4,9 @@
 //! of shard `t` are the ranks whose `tp` coordinate is `t` (any, when replicated), whose `pp` coordinate is one
 //! of its stages and, for an expert, whose `ep` coordinate owns the expert; every other coordinate varies.
 
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
 use hypercomm_grid::Grid;
 use hypercomm_grid::layout::ParallelLayout;
 
@@ -140,6 +143,45 @@ impl Key {
     }
 }
 
+/// Placements of one sharding's parameters on one layout, sharing the holder lists of parameters that live on
+/// the same ranks (every layer's norms, say), so that a model of thousands of parameters on thousands of ranks
+/// enumerates each set of holders once.
+pub(crate) struct Placer<'a> {
+    layout: &'a ParallelLayout,
+    sharding: &'a Sharding,
+    cache: BTreeMap<Key, Rc<Vec<Vec<usize>>>>,
+}
+
+/// A placement whose holder lists are shared with the [`Placer`]'s cache.
+pub(crate) struct SharedPlacement {
+    pub(crate) parts: u64,
+    pub(crate) holders: Rc<Vec<Vec<usize>>>,
+}
+
+impl<'a> Placer<'a> {
+    pub(crate) fn new(layout: &'a ParallelLayout, sharding: &'a Sharding) -> Placer<'a> {
+        Placer {
+            layout,
+            sharding,
+            cache: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn place(&mut self, param: &ParamSharding) -> Result<SharedPlacement, RefitError> {
+        let key = Key::of(self.sharding, param, self.layout)?;
+        let parts = key.parts(param, self.layout)?;
+        let holders = match self.cache.get(&key) {
+            Some(holders) => Rc::clone(holders),
+            None => {
+                let holders = Rc::new(key.holders(self.layout)?);
+                self.cache.insert(key, Rc::clone(&holders));
+                holders
+            }
+        };
+        Ok(SharedPlacement { parts, holders })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use hypercomm_grid::layout::LayoutConfig;
@@ -195,5 +237,37 @@ mod tests {
             s.placement(&s.params[0], &odd),
             Err(RefitError::ExpertsNotDivisible { .. })
         ));
+    }
+
+    #[test]
+    fn placer_shares_holders_and_agrees_with_placement() {
+        let layout = LayoutConfig::new(8).tp(2).pp(2).build().unwrap();
+        let mut s = Sharding::new(2, 0);
+        for l in 0..2 {
+            s.push(ParamSharding::new(
+                format!("l{l}.w"),
+                [4, 4],
+                DType::F32,
+                Split::ROW,
+                Place::Layer(l),
+            ));
+            s.push(ParamSharding::new(
+                format!("l{l}.n"),
+                [4],
+                DType::F32,
+                Split::Replicated,
+                Place::Layer(l),
+            ));
+        }
+        let mut placer = Placer::new(&layout, &s);
+        for p in &s.params {
+            let shared = placer.place(p).unwrap();
+            let direct = s.placement(p, &layout).unwrap();
+            assert_eq!(
+                (shared.parts, &*shared.holders),
+                (direct.parts, &direct.holders)
+            );
+        }
+        assert_eq!(placer.cache.len(), 4);
     }
 }
