@@ -13,7 +13,8 @@
 //! bucket or more after that member received it; a class of `k` replicas is `⌈log2 k⌉` hops deep, and each
 //! member receives each byte of its shard exactly once.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::balance::Send;
 use crate::chunks::{Chunk, RankSets};
@@ -124,37 +125,75 @@ pub(crate) fn schedule(
     }
 
     if forward {
-        for (index, chunk) in chunks.iter().enumerate() {
-            let members = classes.get(chunk.class);
-            let Some((root, root_bucket)) = arrival[index] else {
-                continue;
-            };
-            let Some(start) = members.iter().position(|&m| m == root) else {
-                continue;
-            };
-            let forwarded: Vec<Runs> = chunk.runs.iter().map(Runs::forwarded).collect();
-            let k = members.len();
-            let member = |v: usize| members[(start + v) % k];
-            let mut arrived = vec![root_bucket; k];
-            for v in 1..k {
-                let parent = v - (1 << v.ilog2());
-                let from = Peer::Destination(member(parent));
-                let bucket = buckets.place(from, member(v), chunk.bytes, arrived[parent] + 1);
-                arrived[v] = bucket;
-                push(
-                    &mut transfers,
-                    bucket,
-                    chunk.param,
-                    from,
-                    member(v),
-                    &forwarded,
-                );
-            }
-        }
+        forward_down_trees(chunks, classes, &arrival, &mut buckets, &mut transfers);
     }
 
     transfers.sort_by_key(|t| (t.bucket, t.from, t.to));
     (transfers, buckets.count)
+}
+
+/// Places every forward: each chunk down a binomial tree over its class, rooted at the member that received it.
+///
+/// Edges are placed in the order they become possible, across all chunks: an edge is ready one bucket after its
+/// sender received the chunk, and of the edges ready first, those of earlier chunks first and, within a chunk,
+/// those to the lowest position first. A node's subtree is every position it reaches by adding powers of two above
+/// its own highest bit, so the root's child 1 heads half the tree, child 2 a quarter, and so on: the lowest
+/// position first is the largest subtree first, and the far half starts forwarding soonest.
+fn forward_down_trees(
+    chunks: &[Chunk],
+    classes: &RankSets,
+    arrival: &[Option<(usize, usize)>],
+    buckets: &mut Buckets,
+    transfers: &mut Vec<Transfer>,
+) {
+    /// Members of the tree, by position from the root: `(chunk, position of the root in the class, class size)`.
+    struct Tree {
+        start: usize,
+        forwarded: Vec<Runs>,
+    }
+    let mut trees: Vec<Option<Tree>> = Vec::with_capacity(chunks.len());
+    // Ready edges, soonest first: (earliest bucket, chunk, position of the receiver in the tree).
+    let mut ready = BinaryHeap::new();
+    let children = |v: usize, k: usize| {
+        // Node v's children are v + 2^j for every 2^j above v (every power of two for the root), within k.
+        let first = if v == 0 { 0 } else { v.ilog2() + 1 };
+        (first..usize::BITS).map_while(move |j| v.checked_add(1 << j).filter(|&c| c < k))
+    };
+    for (index, chunk) in chunks.iter().enumerate() {
+        let members = classes.get(chunk.class);
+        let tree = arrival[index].and_then(|(root, bucket)| {
+            let start = members.iter().position(|&m| m == root)?;
+            for child in children(0, members.len()) {
+                ready.push(Reverse((bucket + 1, index, child)));
+            }
+            Some(Tree {
+                start,
+                forwarded: chunk.runs.iter().map(Runs::forwarded).collect(),
+            })
+        });
+        trees.push(tree);
+    }
+    while let Some(Reverse((earliest, index, v))) = ready.pop() {
+        let (chunk, members) = (&chunks[index], classes.get(chunks[index].class));
+        let Some(tree) = &trees[index] else {
+            continue;
+        };
+        let k = members.len();
+        let member = |v: usize| members[(tree.start + v) % k];
+        let from = Peer::Destination(member(v - (1 << v.ilog2())));
+        let bucket = buckets.place(from, member(v), chunk.bytes, earliest);
+        push(
+            transfers,
+            bucket,
+            chunk.param,
+            from,
+            member(v),
+            &tree.forwarded,
+        );
+        for child in children(v, k) {
+            ready.push(Reverse((bucket + 1, index, child)));
+        }
+    }
 }
 
 #[cfg(test)]
