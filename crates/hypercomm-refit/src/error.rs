@@ -147,6 +147,28 @@ pub enum RefitError {
         /// The minimum.
         min: u64,
     },
+    /// A layout with more ranks than a plan lists.
+    #[error(
+        "the {side} layout has {world} ranks; a plan lists every rank's transfers and takes at most {max}"
+    )]
+    TooManyRanks {
+        /// `source` or `destination`.
+        side: &'static str,
+        /// The layout's world size.
+        world: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A refit whose byte counts do not fit in 64 bits.
+    #[error(
+        "{bytes} bytes of parameters to each of {ranks} destination ranks overflow 64-bit byte counts"
+    )]
+    TooManyBytes {
+        /// The destination parameters' bytes.
+        bytes: u64,
+        /// The destination ranks.
+        ranks: usize,
+    },
     /// Text that does not parse.
     #[error("{what} {text:?}: {why}")]
     Parse {

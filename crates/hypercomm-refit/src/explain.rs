@@ -99,7 +99,7 @@ impl Summary {
         let mut links: BTreeMap<(Peer, usize), (u64, usize)> = BTreeMap::new();
         for t in plan.transfers() {
             let link = links.entry((t.from, t.to)).or_default();
-            link.0 += t.bytes();
+            link.0 = link.0.saturating_add(t.bytes());
             link.1 += 1;
         }
         let mut sources: Vec<SourceLoad> = plan
@@ -125,21 +125,33 @@ impl Summary {
             plan.source().ranks().start,
             plan.destination().ranks().start,
         );
+        // A plan read back from JSON may name ranks its layouts lack; those count in the links only.
+        let index = |rank: usize, start: usize| rank.checked_sub(start);
         for (&(from, to), &(bytes, _)) in &links {
-            let receiver = &mut destinations[to - dst_start];
+            let receiver = index(to, dst_start);
             match from {
                 Peer::Source(rank) => {
-                    receiver.from_sources += bytes;
-                    sources[rank - src_start].sent += bytes;
+                    if let Some(r) = receiver.and_then(|i| destinations.get_mut(i)) {
+                        r.from_sources = r.from_sources.saturating_add(bytes);
+                    }
+                    if let Some(s) = index(rank, src_start).and_then(|i| sources.get_mut(i)) {
+                        s.sent = s.sent.saturating_add(bytes);
+                    }
                 }
                 Peer::Destination(rank) => {
-                    receiver.from_replicas += bytes;
-                    destinations[rank - dst_start].forwarded += bytes;
+                    if let Some(r) = receiver.and_then(|i| destinations.get_mut(i)) {
+                        r.from_replicas = r.from_replicas.saturating_add(bytes);
+                    }
+                    if let Some(d) = index(rank, dst_start).and_then(|i| destinations.get_mut(i)) {
+                        d.forwarded = d.forwarded.saturating_add(bytes);
+                    }
                 }
             }
         }
-        let from_sources = sources.iter().map(|s| s.sent).sum();
-        let forwarded = destinations.iter().map(|d| d.forwarded).sum();
+        let from_sources = sources.iter().fold(0u64, |a, s| a.saturating_add(s.sent));
+        let forwarded = destinations
+            .iter()
+            .fold(0u64, |a, d| a.saturating_add(d.forwarded));
         let receivers = plan.destination().world();
         Summary {
             source: describe_layout(plan.source()),
@@ -167,7 +179,11 @@ impl Summary {
             baseline: Baseline {
                 sender: src_start,
                 receivers,
-                bytes: plan.params().iter().map(|p| p.bytes).sum::<u64>() * receivers as u64,
+                bytes: plan
+                    .params()
+                    .iter()
+                    .fold(0u64, |a, p| a.saturating_add(p.bytes))
+                    .saturating_mul(receivers as u64),
             },
         }
     }

@@ -111,7 +111,8 @@ impl GptConfig {
     }
 
     /// The model's parameters and their layout, in `GPTModel`'s order. Fails when a size is zero, the heads do not
-    /// divide the hidden size, or the query groups do not divide the heads.
+    /// divide the hidden size, the query groups do not divide the heads, a dimension overflows 64 bits, or the
+    /// model has more than [`MAX_GPT_PARAMS`] parameters.
     pub fn sharding(&self) -> Result<Sharding, RefitError> {
         let bad = |field, value: u64, why: &str| RefitError::BadModel {
             field,
@@ -136,14 +137,45 @@ impl GptConfig {
         if kv == 0 || heads % kv != 0 {
             return Err(bad("kv_heads", kv, &format!("must divide heads={heads}")));
         }
-        let ffn = self.ffn.unwrap_or(4 * h);
+        let overflow = |field, value| bad(field, value, "makes a dimension overflow 64 bits");
+        let ffn = match self.ffn {
+            Some(ffn) => ffn,
+            None => h.checked_mul(4).ok_or_else(|| overflow("hidden", h))?,
+        };
         let moe_ffn = self.moe_ffn.unwrap_or(ffn);
         for (field, value) in [("ffn", ffn), ("moe_ffn", moe_ffn)] {
             if value == 0 {
                 return Err(bad(field, value, "must be at least 1"));
             }
         }
+        let gate = if self.gated { 2 } else { 1 };
+        let fc1_rows = ffn.checked_mul(gate).ok_or_else(|| overflow("ffn", ffn))?;
+        let moe_fc1_rows = moe_ffn
+            .checked_mul(gate)
+            .ok_or_else(|| overflow("moe_ffn", moe_ffn))?;
         let head_dim = h / heads;
+        let qkv = kv
+            .checked_mul(2)
+            .and_then(|k| k.checked_add(heads))
+            .and_then(|q| q.checked_mul(head_dim))
+            .ok_or_else(|| overflow("kv_heads", kv))?;
+        // At most 14 parameters per layer plus 4 per expert, and 5 outside the layers.
+        let count = self.layers as u128 * (14 + 4 * self.experts as u128) + 5;
+        if count > MAX_GPT_PARAMS as u128 {
+            return Err(bad(
+                if self.experts > 0 {
+                    "experts"
+                } else {
+                    "layers"
+                },
+                if self.experts > 0 {
+                    self.experts
+                } else {
+                    self.layers
+                } as u64,
+                &format!("the model would have more than {MAX_GPT_PARAMS} parameters"),
+            ));
+        }
         let mut s = Sharding::new(self.layers, self.experts);
         let dtype = self.dtype;
         let param = |name: String, shape: Vec<u64>, split, place| {
@@ -174,7 +206,6 @@ impl GptConfig {
                 Place::First,
             ));
         }
-        let qkv = (heads + 2 * kv) * head_dim;
         for l in 0..self.layers {
             let at = Place::Layer(l);
             let pre = format!("decoder.layers.{l}");
@@ -221,7 +252,7 @@ impl GptConfig {
                     format!("{mlp}.linear_fc1.layer_norm_bias"),
                     at,
                 );
-                self.push_mlp(&mut s, &mlp, ffn, at, None);
+                self.push_mlp(&mut s, &mlp, (fc1_rows, ffn), at, None);
             } else {
                 norm(
                     &mut s,
@@ -239,7 +270,7 @@ impl GptConfig {
                     self.push_mlp(
                         &mut s,
                         &format!("{pre}.mlp.experts.{e}"),
-                        moe_ffn,
+                        (moe_fc1_rows, moe_ffn),
                         at,
                         Some(e),
                     );
@@ -263,8 +294,16 @@ impl GptConfig {
         Ok(s)
     }
 
-    /// `linear_fc1` (column-parallel, in blocks when gated) and `linear_fc2` (row-parallel) under `prefix`.
-    fn push_mlp(&self, s: &mut Sharding, prefix: &str, ffn: u64, at: Place, expert: Option<usize>) {
+    /// `linear_fc1` (`fc1_rows` rows: column-parallel, in blocks when gated) and `linear_fc2` (`ffn` columns:
+    /// row-parallel) under `prefix`.
+    fn push_mlp(
+        &self,
+        s: &mut Sharding,
+        prefix: &str,
+        (fc1_rows, ffn): (u64, u64),
+        at: Place,
+        expert: Option<usize>,
+    ) {
         let h = self.hidden;
         let gate = if self.gated { 2 } else { 1 };
         let mut push = |name: String, shape: Vec<u64>, split| {
@@ -276,13 +315,13 @@ impl GptConfig {
         };
         push(
             format!("{prefix}.linear_fc1.weight"),
-            vec![ffn * gate, h],
+            vec![fc1_rows, h],
             Split::column_blocks(gate),
         );
         if self.bias {
             push(
                 format!("{prefix}.linear_fc1.bias"),
-                vec![ffn * gate],
+                vec![fc1_rows],
                 Split::column_blocks(gate),
             );
         }
@@ -300,6 +339,10 @@ impl GptConfig {
         }
     }
 }
+
+/// The most parameters [`GptConfig::sharding`] describes: 16M, far above any model's count (a 1T-parameter MoE has
+/// tens of thousands), and a bound on the memory a mistyped `layers` or `experts` can ask for.
+pub const MAX_GPT_PARAMS: usize = 1 << 24;
 
 const KEYS: &str = "layers, hidden, vocab, ffn, heads, kv_heads, gated, bias, rmsnorm, tied, positions, experts, moe_ffn, dtype";
 
@@ -496,6 +539,38 @@ mod tests {
             err("layers=1,hidden=64,vocab=8,gated=yes")
                 .contains("gated=\"yes\" is not true or false")
         );
+    }
+
+    #[test]
+    fn sizes_that_overflow_or_explode_are_errors_not_panics() {
+        let err = |text: &str| {
+            text.parse::<GptConfig>()
+                .and_then(|g| g.sharding())
+                .unwrap_err()
+                .to_string()
+        };
+        let huge = u64::MAX / 2;
+        assert_eq!(
+            err(&format!("layers=1,hidden={huge},heads=1,vocab=8")),
+            format!("model hidden={huge}: makes a dimension overflow 64 bits")
+        );
+        assert!(
+            err(&format!(
+                "layers=1,hidden=64,vocab=8,ffn={},gated",
+                huge + 1
+            ))
+            .starts_with("model ffn=")
+        );
+        assert_eq!(
+            err("layers=100000000,hidden=64,vocab=8"),
+            "model layers=100000000: the model would have more than 16777216 parameters"
+        );
+        assert!(
+            err("layers=1000,hidden=64,vocab=8,experts=100000").starts_with("model experts=100000")
+        );
+        // A shape whose bytes overflow is caught when the sharding is checked.
+        let s = GptConfig::new(1, 1 << 32, 1 << 32).sharding().unwrap();
+        assert!(matches!(s.check(), Err(RefitError::TooLarge { .. })));
     }
 
     #[test]

@@ -95,7 +95,7 @@ pub use error::RefitError;
 pub use explain::{
     Baseline, DestinationLoad, LinkLoad, SourceLoad, Summary, explain, format_bytes,
 };
-pub use gpt::GptConfig;
+pub use gpt::{GptConfig, MAX_GPT_PARAMS};
 pub use layout_spec::{describe_layout, parse_layout};
 pub use placement::Placement;
 pub use plan::{

@@ -31,6 +31,9 @@ pub const DEFAULT_BUCKET_BYTES: u64 = 64 << 20;
 /// The smallest bucket a plan accepts.
 pub const MIN_BUCKET_BYTES: u64 = 1024;
 
+/// The most ranks a layout of a plan may have: 2^20. A plan lists every rank's transfers.
+pub const MAX_RANKS: usize = 1 << 20;
+
 /// How a plan is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -115,12 +118,13 @@ pub struct PlanParam {
 impl PlanParam {
     /// The bytes of one destination shard.
     pub fn shard_bytes(&self) -> u64 {
-        self.bytes / self.destination_parts
+        self.bytes / self.destination_parts.max(1)
     }
 
     /// The bytes the destination ranks hold of it, together.
     pub fn needed(&self) -> u64 {
-        self.shard_bytes() * self.destination_ranks as u64
+        self.shard_bytes()
+            .saturating_mul(self.destination_ranks as u64)
     }
 }
 
@@ -164,16 +168,33 @@ pub struct RefitPlan {
 impl RefitPlan {
     /// Plans the refit of every parameter of `to`'s sharding from `from`. Parameters are matched by name and must
     /// have the same shape and element type on both sides; source parameters the destination lacks are ignored.
-    /// Fails when a sharding does not fit its layout, a parameter is missing or differs, or the bucket is below
-    /// [`MIN_BUCKET_BYTES`].
+    /// Fails when a sharding does not fit its layout, a parameter is missing or differs, the bucket is below
+    /// [`MIN_BUCKET_BYTES`], a layout has more than [`MAX_RANKS`] ranks, or the bytes to move overflow 64 bits.
     pub fn build(
         from: Side<'_>,
         to: Side<'_>,
         options: PlanOptions,
     ) -> Result<RefitPlan, RefitError> {
         options.check()?;
+        for (side, layout) in [("source", from.layout), ("destination", to.layout)] {
+            if layout.world() > MAX_RANKS {
+                return Err(RefitError::TooManyRanks {
+                    side,
+                    world: layout.world(),
+                    max: MAX_RANKS,
+                });
+            }
+        }
         from.sharding.check()?;
         to.sharding.check()?;
+        // Every byte count of the plan (needed, moved, per group, the baseline) is at most this.
+        let model = to.sharding.bytes()?;
+        model
+            .checked_mul(to.layout.world() as u64)
+            .ok_or(RefitError::TooManyBytes {
+                bytes: model,
+                ranks: to.layout.world(),
+            })?;
         let by_name: BTreeMap<&str, _> = from
             .sharding
             .params
@@ -339,12 +360,16 @@ impl RefitPlan {
 
     /// The bytes the destination ranks hold, together: what they need.
     pub fn needed_bytes(&self) -> u64 {
-        self.params.iter().map(PlanParam::needed).sum()
+        self.params
+            .iter()
+            .fold(0u64, |acc, p| acc.saturating_add(p.needed()))
     }
 
     /// The bytes every transfer moves, together.
     pub fn moved_bytes(&self) -> u64 {
-        self.transfers.iter().map(Transfer::bytes).sum()
+        self.transfers
+            .iter()
+            .fold(0u64, |acc, t| acc.saturating_add(t.bytes()))
     }
 
     /// Source rank `rank`'s balanced share: the bytes of each group it belongs to divided among the group's holders,

@@ -67,14 +67,16 @@ impl Runs {
         }
     }
 
-    /// The bytes copied in all.
+    /// The bytes copied in all (saturating at `u64::MAX` for runs no plan makes).
     pub fn bytes(&self) -> u64 {
-        self.len * self.run_count()
+        self.len.saturating_mul(self.run_count())
     }
 
-    /// The number of contiguous runs.
+    /// The number of contiguous runs (saturating at `u64::MAX`).
     pub fn run_count(&self) -> u64 {
-        self.repeat.iter().map(|s| s.count).product()
+        self.repeat
+            .iter()
+            .fold(1u64, |acc, s| acc.saturating_mul(s.count))
     }
 
     /// Every contiguous run as `(src_offset, dst_offset, len)`, in linear order.
@@ -107,8 +109,8 @@ impl Runs {
             return;
         };
         let row = |i: u64| Runs {
-            src_offset: self.src_offset + i * outer.src,
-            dst_offset: self.dst_offset + i * outer.dst,
+            src_offset: self.src_offset.saturating_add(i.saturating_mul(outer.src)),
+            dst_offset: self.dst_offset.saturating_add(i.saturating_mul(outer.dst)),
             len: self.len,
             repeat: inner_levels.to_vec(),
         };
@@ -155,17 +157,20 @@ impl Runs {
                 && last.src == self.len
                 && last.dst == self.len
             {
-                self.len *= last.count;
+                self.len = self.len.saturating_mul(last.count);
                 self.repeat.pop();
                 continue;
             }
             let mergeable = (0..self.repeat.len().saturating_sub(1)).rev().find(|&i| {
                 let (a, b) = (self.repeat[i], self.repeat[i + 1]);
-                a.src == b.src * b.count && a.dst == b.dst * b.count
+                b.src.checked_mul(b.count) == Some(a.src)
+                    && b.dst.checked_mul(b.count) == Some(a.dst)
             });
             match mergeable {
                 Some(i) => {
-                    self.repeat[i + 1].count *= self.repeat[i].count;
+                    self.repeat[i + 1].count = self.repeat[i + 1]
+                        .count
+                        .saturating_mul(self.repeat[i].count);
                     self.repeat.remove(i);
                 }
                 None => return self,
@@ -225,8 +230,8 @@ impl Iterator for RunsIter<'_> {
         }
         let (mut src, mut dst) = (self.runs.src_offset, self.runs.dst_offset);
         for (i, s) in self.index.iter().zip(&self.runs.repeat) {
-            src += i * s.src;
-            dst += i * s.dst;
+            src = src.saturating_add(i.saturating_mul(s.src));
+            dst = dst.saturating_add(i.saturating_mul(s.dst));
         }
         // Advance the innermost level, carrying outwards; past the outermost the iteration ends.
         self.done = true;

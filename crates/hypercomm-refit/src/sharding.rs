@@ -149,7 +149,16 @@ impl ParamSharding {
         let Some((dim, blocks)) = self.split.dim_blocks() else {
             return Ok(1);
         };
-        let size = self.shape[dim];
+        let bad_split = || RefitError::BadSplit {
+            name: self.name.clone(),
+            shape: self.shape.clone(),
+            dim,
+            blocks,
+        };
+        let size = *self.shape.get(dim).ok_or_else(bad_split)?;
+        if blocks == 0 || tp == 0 {
+            return Err(bad_split());
+        }
         let tp64 = tp as u64;
         if tp64.checked_mul(blocks).is_none_or(|p| size % p != 0) {
             return Err(RefitError::NotDivisible {
@@ -163,11 +172,14 @@ impl ParamSharding {
         Ok(tp64)
     }
 
-    /// The shape of one shard when split into `parts` shards (as [`ParamSharding::parts`] counts them).
+    /// The shape of one shard when split into `parts` shards (as [`ParamSharding::parts`] counts them; 0 counts
+    /// as 1).
     pub fn local_shape(&self, parts: u64) -> Vec<u64> {
         let mut shape = self.shape.clone();
-        if let Some((dim, _)) = self.split.dim_blocks() {
-            shape[dim] /= parts;
+        if let Some((dim, _)) = self.split.dim_blocks()
+            && let Some(size) = shape.get_mut(dim)
+        {
+            *size /= parts.max(1);
         }
         shape
     }

@@ -312,6 +312,33 @@ fn errors_name_the_parameter_and_the_rule() {
             .to_string(),
         "parameter \"w\" is placed on stage 1, but the layout has pp 1"
     );
+    let huge = parse_layout("dp=2097152").unwrap();
+    let small = s(&[4, 2], DType::F32);
+    assert_eq!(
+        RefitPlan::build(
+            Side::new(&src, &small),
+            Side::new(&huge, &small),
+            PlanOptions::default()
+        )
+        .unwrap_err()
+        .to_string(),
+        "the destination layout has 2097152 ranks; a plan lists every rank's transfers and takes at most 1048576"
+    );
+    let big = one(ParamSharding::new(
+        "w",
+        [1 << 30, 1 << 30],
+        DType::F64,
+        Split::COLUMN,
+        Place::First,
+    ));
+    assert!(matches!(
+        RefitPlan::build(
+            Side::new(&src, &big),
+            Side::new(&dst, &big),
+            PlanOptions::default()
+        ),
+        Err(RefitError::TooManyBytes { ranks: 2, .. })
+    ));
     // Source parameters the destination lacks are ignored.
     let mut both = s(&[4, 2], DType::F32);
     both.push(ParamSharding::new(
