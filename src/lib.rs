@@ -54,4 +54,6 @@ mod guide {
     struct Reliability;
     #[doc = include_str!("../docs/guide/08-gpus.md")]
     struct Gpus;
+    #[doc = include_str!("../docs/guide/09-refit.md")]
+    struct Refit;
 }
