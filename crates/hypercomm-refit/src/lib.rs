@@ -99,7 +99,8 @@ pub use gpt::{GptConfig, MAX_GPT_PARAMS};
 pub use layout_spec::{describe_layout, parse_layout};
 pub use placement::Placement;
 pub use plan::{
-    DEFAULT_BUCKET_BYTES, MIN_BUCKET_BYTES, PlanOptions, PlanParam, RefitPlan, Side, SourceGroup,
+    DEFAULT_BUCKET_BYTES, MAX_RANKS, MIN_BUCKET_BYTES, PlanOptions, PlanParam, RefitPlan, Side,
+    SourceGroup,
 };
 pub use runs::{Runs, RunsIter, Stride};
 pub use sharding::{ParamSharding, Place, Sharding, Split};
