@@ -6,6 +6,8 @@
 //!   group computed directly, and Megatron-Core compatible layouts.
 //! - [`plan`]: a layout's groups placed onto a cluster (hosts, NVLink domains, NICs, racks), what their
 //!   communication costs there, and a search for the cheapest dimension order and placement.
+//! - [`refit`]: weight refit between layouts. How a model's parameters lie on a layout, and a plan of which
+//!   bytes every destination rank needs from which source rank, balanced over the replicas, in buckets.
 //! - [`store`]: rendezvous. The key-value store every communicator bootstraps through.
 //! - [`launch`]: starting a job's local ranks with the rendezvous variables set, and supervising them (the
 //!   library behind `hypercomm launch`).
@@ -23,6 +25,7 @@ pub use hypercomm_comm as comm;
 pub use hypercomm_grid as grid;
 pub use hypercomm_launch as launch;
 pub use hypercomm_plan as plan;
+pub use hypercomm_refit as refit;
 pub use hypercomm_store as store;
 pub use process_group_collection as pgc;
 
@@ -51,4 +54,6 @@ mod guide {
     struct Reliability;
     #[doc = include_str!("../docs/guide/08-gpus.md")]
     struct Gpus;
+    #[doc = include_str!("../docs/guide/09-refit.md")]
+    struct Refit;
 }

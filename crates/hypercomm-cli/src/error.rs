@@ -50,6 +50,12 @@ impl From<hypercomm_plan::TopologyError> for CliError {
     }
 }
 
+impl From<hypercomm_refit::RefitError> for CliError {
+    fn from(err: hypercomm_refit::RefitError) -> Self {
+        CliError::Usage(err.to_string())
+    }
+}
+
 impl From<std::io::Error> for CliError {
     fn from(err: std::io::Error) -> Self {
         CliError::Failed(format!("cannot write output: {err}"))

@@ -29,7 +29,8 @@ enum Command {
     Grid(commands::grid::Args),
     /// Print the groups of a Megatron-Core layout, or one rank's groups.
     Layout(commands::layout::Args),
-    /// Rank every dimension order of a layout by its communication time on a described cluster.
+    /// Rank every dimension order of a layout by its communication time on a described cluster, or (--refit) plan
+    /// a weight refit between two layouts.
     Plan(commands::plan::Args),
     /// Run a standalone rendezvous store server.
     Store(commands::store::Args),

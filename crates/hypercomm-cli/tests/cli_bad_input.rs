@@ -1,5 +1,5 @@
-//! A property sweep of the command line with mostly invalid values: every run of `grid`, `layout` and `plan` ends
-//! with status 0, or with status 2 and one line naming the problem; none panics or hangs.
+//! A property sweep of the command line with mostly invalid values: every run of `grid`, `layout`, `plan` and
+//! `plan --refit` ends with status 0, or with status 2 and one line naming the problem; none panics or hangs.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -91,7 +91,28 @@ fn arb_args() -> impl Strategy<Value = Vec<String>> {
         .map(|s| s.to_string())
         .collect()
     });
-    prop_oneof![layout, grid, plan]
+    let refit = (
+        "[a-z]{2}=",
+        arb_size(),
+        "[^\\x00]{0,12}",
+        arb_size(),
+        arb_size(),
+        "[^\\x00]{0,12}",
+    )
+        .prop_map(|(key, size, to, layers, hidden, extra)| {
+            [
+                "plan".to_owned(),
+                "--refit".to_owned(),
+                "--from".to_owned(),
+                format!("{key}{size}"),
+                "--to".to_owned(),
+                to,
+                "--model".to_owned(),
+                format!("gpt:layers={layers},hidden={hidden},vocab=64{extra}"),
+            ]
+            .to_vec()
+        });
+    prop_oneof![layout, grid, plan, refit]
 }
 
 proptest! {

@@ -108,6 +108,11 @@ impl ColumnParallelLinear {
         })
     }
 
+    /// The tensor-parallel group the layer is split over.
+    pub fn group(&self) -> &TensorGroup {
+        &self.group
+    }
+
     /// This rank's weight shard, `[out / n, in]`.
     pub fn weight(&self) -> &Var {
         &self.weight
@@ -158,6 +163,11 @@ impl RowParallelLinear {
                 .transpose()?,
             group,
         })
+    }
+
+    /// The tensor-parallel group the layer is split over.
+    pub fn group(&self) -> &TensorGroup {
+        &self.group
     }
 
     /// This rank's weight shard, `[out, in / n]`.

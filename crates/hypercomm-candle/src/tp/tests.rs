@@ -192,3 +192,82 @@ fn a_weight_the_group_cannot_split_is_an_error() {
         assert!(err.to_string().contains("the bias must be [4]"), "{err}");
     });
 }
+
+#[test]
+fn layers_describe_their_shards_so_a_refit_plan_rebuilds_the_full_weights() {
+    use hypercomm_refit::{
+        Peer, Place, PlanOptions, RefitPlan, Sharding, Side, Split, parse_layout,
+    };
+
+    let (w1, b1) = (pattern(15, &[8, 5]), pattern(16, &[8]));
+    let (w2, b2) = (pattern(17, &[3, 8]), pattern(18, &[3]));
+    let bytes =
+        |t: &Tensor| -> Vec<u8> { values(t).iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let full = [&w1, &b1, &w2, &b2].map(bytes);
+    // Each rank of tp 2: its description of the block, and the bytes of its shards.
+    let ranks = run_ranks(2, 2, move |_, pgc| {
+        let tp = TensorGroup::kind(&pgc, "tp").expect("tp");
+        let weights = MlpWeights {
+            fc1_weight: &w1,
+            fc1_bias: Some(&b1),
+            fc2_weight: &w2,
+            fc2_bias: Some(&b2),
+        };
+        let mlp = ParallelMlp::from_full(weights, Activation::Silu, tp).expect("mlp");
+        let params = mlp
+            .param_shardings("mlp", Place::Layer(0))
+            .expect("sharding");
+        let shards: Vec<Vec<u8>> = mlp.vars().iter().map(|v| bytes(v.as_tensor())).collect();
+        (params, shards)
+    });
+    let params = ranks[0].0.clone();
+    assert_eq!(
+        ranks[1].0, params,
+        "every rank describes the same full tensors"
+    );
+    let described: Vec<(&str, &[u64], Split)> = params
+        .iter()
+        .map(|p| (p.name.as_str(), p.shape.as_slice(), p.split))
+        .collect();
+    assert_eq!(
+        described,
+        [
+            ("mlp.fc1.weight", &[8, 5][..], Split::COLUMN),
+            ("mlp.fc1.bias", &[8][..], Split::COLUMN),
+            ("mlp.fc2.weight", &[3, 8][..], Split::ROW),
+            ("mlp.fc2.bias", &[3][..], Split::Replicated),
+        ]
+    );
+    // Refit tp 2 into one rank holding whole tensors, by running the plan's copies on the shards' bytes.
+    let sharding = Sharding {
+        layers: 1,
+        experts: 0,
+        params,
+    };
+    let (source, destination) = (
+        parse_layout("tp=2").expect("tp 2"),
+        parse_layout("dp=1").expect("one rank"),
+    );
+    let plan = RefitPlan::build(
+        Side::new(&source, &sharding),
+        Side::new(&destination, &sharding),
+        PlanOptions::default(),
+    )
+    .expect("plan");
+    let mut rebuilt: Vec<Vec<u8>> = full.iter().map(|f| vec![0; f.len()]).collect();
+    for t in plan.transfers() {
+        let Peer::Source(rank) = t.from else {
+            panic!("one destination rank forwards nothing")
+        };
+        let shard = &ranks[rank].1[t.param];
+        for (src, dst, len) in t.runs.iter() {
+            let (src, dst, len) = (src as usize, dst as usize, len as usize);
+            rebuilt[t.param][dst..dst + len].copy_from_slice(&shard[src..src + len]);
+        }
+    }
+    assert_eq!(rebuilt, full);
+    assert_eq!(
+        plan.moved_bytes(),
+        full.iter().map(|f| f.len() as u64).sum::<u64>()
+    );
+}

@@ -151,7 +151,7 @@ pub struct Args {
 }
 
 /// Parses `8B`, `4KiB`, `256MiB`, `1G`: a number with an optional binary unit.
-fn parse_size(text: &str) -> Result<usize, CliError> {
+pub(crate) fn parse_size(text: &str) -> Result<usize, CliError> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);

@@ -10,5 +10,6 @@ pub mod grid;
 pub mod launch;
 pub mod layout;
 pub mod plan;
+pub mod plan_refit;
 pub mod sizes;
 pub mod store;

@@ -1,5 +1,6 @@
 //! `hypercomm plan`: rank every dimension order (and rank placement) of a layout by its communication time per step
-//! on a described cluster, and explain the best few in words.
+//! on a described cluster, and explain the best few in words; with `--refit`, plan a weight refit between two
+//! layouts instead (`plan_refit`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -14,14 +15,15 @@ use crate::error::CliError;
 use crate::numbers::non_negative;
 use crate::output::print_json;
 
-/// Arguments of `hypercomm plan`.
+/// Arguments of `hypercomm plan`. `--world` (from the shared sizes) is required unless `--refit` is given.
 #[derive(clap::Args, Debug)]
+#[command(mut_arg("world", |a| a.required(false).required_unless_present("refit")))]
 pub struct Args {
     /// The cluster description (JSON; see examples/clusters/).
-    #[arg(long)]
-    cluster: PathBuf,
+    #[arg(long, required_unless_present = "refit")]
+    cluster: Option<PathBuf>,
     #[command(flatten)]
-    sizes: super::sizes::SizeArgs,
+    sizes: Option<super::sizes::SizeArgs>,
     /// Model parameters, for the default traffic (default 7e9).
     #[arg(long, allow_negative_numbers = true)]
     model_params: Option<f64>,
@@ -56,6 +58,8 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    refit: super::plan_refit::RefitArgs,
 }
 
 impl Args {
@@ -103,8 +107,17 @@ struct Plan<'a> {
 
 /// Runs `hypercomm plan`.
 pub fn run(args: Args) -> Result<(), CliError> {
-    let cluster = read_cluster(&args.cluster)?;
-    let config = args.sizes.config();
+    if args.refit.refit {
+        return super::plan_refit::run(&args.refit, args.json);
+    }
+    let (Some(cluster), Some(sizes)) = (&args.cluster, &args.sizes) else {
+        return Err(CliError::Usage(
+            "plan needs --cluster and --world (or --refit with --from, --to and --model)"
+                .to_owned(),
+        ));
+    };
+    let cluster = read_cluster(cluster)?;
+    let config = sizes.config();
     let base = config.clone().build()?;
     let mut traffic = Traffic::from_model(&args.shape(), &base)?;
     if let Some(text) = &args.traffic {
@@ -116,7 +129,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         return print_json(&Plan {
             cluster: cluster.name(),
             devices: cluster.devices(),
-            world: args.sizes.world,
+            world: sizes.world,
             traffic,
             verdict: verdict(&ranking),
             candidates_searched: ranking.candidates.len(),
@@ -143,10 +156,10 @@ pub fn run(args: Args) -> Result<(), CliError> {
         out,
         "layout: world {}, tp {} pp {} cp {} ep {} etp {}, dp {}",
         base.world(),
-        args.sizes.tp,
-        args.sizes.pp,
-        args.sizes.cp,
-        args.sizes.ep,
+        sizes.tp,
+        sizes.pp,
+        sizes.cp,
+        sizes.ep,
         base.etp(),
         base.dp()
     )?;
