@@ -237,27 +237,11 @@ impl TensorGroup {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, Device, Tensor};
+    use candle_core::{DType, Tensor};
     use hypercomm_comm::ReduceOp;
 
-    use crate::testing::run_ranks;
+    use crate::testing::{run_ranks, sample, values};
     use crate::{Error, TensorGroup};
-
-    /// Rank `rank`'s sample: `100·rank + i` for element `i`, in `dtype`.
-    fn sample(rank: usize, dims: &[usize], dtype: DType) -> Tensor {
-        let n: usize = dims.iter().product();
-        let values: Vec<f64> = (0..n).map(|i| (100 * rank + i) as f64).collect();
-        Tensor::from_vec(values, dims, &Device::Cpu)
-            .and_then(|t| t.to_dtype(dtype))
-            .expect("sample")
-    }
-
-    fn values(t: &Tensor) -> Vec<f64> {
-        t.to_dtype(DType::F64)
-            .and_then(|t| t.flatten_all())
-            .and_then(|t| t.to_vec1())
-            .expect("values")
-    }
 
     /// 4 ranks, tp groups {0, 1} and {2, 3}: `f(rank, tp group, members)` on each.
     fn on_tp_groups(f: impl Fn(usize, TensorGroup, Vec<usize>) + Send + Sync + 'static) {

@@ -1,11 +1,15 @@
-//! Test support: ranks as threads of one process, each with a collection over a shared `MemoryStore`.
+//! Test support: ranks as threads of one process, each with a collection over a shared `MemoryStore`, and the
+//! sample tensors the tests move between them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use candle_core::{DType, Device, Tensor};
 use hypercomm_grid::layout::LayoutConfig;
 use hypercomm_store::{MemoryStore, Store};
 use process_group_collection::{GroupOptions, ProcessGroupCollection};
+
+use crate::TensorGroup;
 
 /// Runs `f(rank, collection)` on `world` threads, each with its rank's collection over a Megatron layout with
 /// `tp` (dp = world / tp; tp varies fastest, so the tp groups are `{0, 1}, {2, 3}, ..`), and returns the results
@@ -47,4 +51,30 @@ pub(crate) fn run_ranks_with<R: Send + 'static>(
         .into_iter()
         .map(|t| t.join().expect("rank thread panicked"))
         .collect()
+}
+
+/// 4 ranks in one group (`tp_dp_cp` of a tp 2 layout holds every rank, in rank order): `f(rank, group)` on each.
+pub(crate) fn on_world(f: impl Fn(usize, TensorGroup) + Send + Sync + 'static) {
+    run_ranks(4, 2, move |rank, pgc| {
+        let world = TensorGroup::kind(&pgc, "tp_dp_cp").expect("world group");
+        assert_eq!(world.rank(), rank);
+        f(rank, world);
+    });
+}
+
+/// Rank `rank`'s sample: `100·rank + i` for element `i`, in `dtype`.
+pub(crate) fn sample(rank: usize, dims: &[usize], dtype: DType) -> Tensor {
+    let n: usize = dims.iter().product();
+    let values: Vec<f64> = (0..n).map(|i| (100 * rank + i) as f64).collect();
+    Tensor::from_vec(values, dims, &Device::Cpu)
+        .and_then(|t| t.to_dtype(dtype))
+        .expect("sample")
+}
+
+/// The elements of `t` in row-major order, as f64.
+pub(crate) fn values(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1())
+        .expect("values")
 }

@@ -1,6 +1,6 @@
 use candle_core::{DType, Device, Tensor, Var};
 
-use crate::testing::run_ranks;
+use crate::testing::{on_world, run_ranks, values};
 use crate::{Error, TensorGroup};
 
 /// Rows rank `src` sends rank `dst`: 0, 1 or 2, so some pairs exchange nothing.
@@ -18,22 +18,6 @@ fn rows(src: usize, dst: usize, cols: usize) -> Vec<f64> {
     (0..split(src, dst))
         .flat_map(|k| (0..cols).map(move |c| element(src, dst, k, c)))
         .collect()
-}
-
-fn values(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64)
-        .and_then(|t| t.flatten_all())
-        .and_then(|t| t.to_vec1())
-        .expect("values")
-}
-
-/// 4 ranks in one group (`tp_dp_cp` of a tp 2 layout holds every rank, in rank order): `f(rank, group)` on each.
-fn on_world(f: impl Fn(usize, TensorGroup) + Send + Sync + 'static) {
-    run_ranks(4, 2, move |rank, pgc| {
-        let world = TensorGroup::kind(&pgc, "tp_dp_cp").expect("world group");
-        assert_eq!(world.rank(), rank);
-        f(rank, world);
-    });
 }
 
 /// This rank's input (rows for rank 0, then rank 1, ..), shaped `[rows, 2, 3]`, and its send and receive splits.

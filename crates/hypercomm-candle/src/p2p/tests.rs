@@ -1,32 +1,7 @@
 use candle_core::{DType, Device, Tensor};
 
-use crate::testing::run_ranks;
+use crate::testing::{on_world, run_ranks, sample, values};
 use crate::{Error, TensorGroup, TensorP2p};
-
-/// Rank `rank`'s sample: `100·rank + i` for element `i`, in `dtype`.
-fn sample(rank: usize, dims: &[usize], dtype: DType) -> Tensor {
-    let n: usize = dims.iter().product();
-    let values: Vec<f64> = (0..n).map(|i| (100 * rank + i) as f64).collect();
-    Tensor::from_vec(values, dims, &Device::Cpu)
-        .and_then(|t| t.to_dtype(dtype))
-        .expect("sample")
-}
-
-fn values(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64)
-        .and_then(|t| t.flatten_all())
-        .and_then(|t| t.to_vec1())
-        .expect("values")
-}
-
-/// 4 ranks in one group (`tp_dp_cp` of a tp 2 layout holds every rank, in rank order): `f(rank, group)` on each.
-fn on_world(f: impl Fn(usize, TensorGroup) + Send + Sync + 'static) {
-    run_ranks(4, 2, move |rank, pgc| {
-        let world = TensorGroup::kind(&pgc, "tp_dp_cp").expect("world group");
-        assert_eq!(world.rank(), rank);
-        f(rank, world);
-    });
-}
 
 /// 2 ranks per group: the tp groups {0, 1} and {2, 3}; `f(rank in group, group)` on each.
 fn on_pairs(f: impl Fn(usize, TensorGroup) + Send + Sync + 'static) {
