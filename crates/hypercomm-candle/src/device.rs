@@ -11,7 +11,8 @@
 //! need anyway for a result.
 //!
 //! The element types are the host's ([`crate::host::SUPPORTED`]), each mapped to its Rust type once, in
-//! [`for_dtype`].
+//! [`for_dtype`]. f8e4m3 tensors need NCCL 2.24 or newer here (an older one refuses them, naming both versions)
+//! and reduce, where the host only moves them.
 //!
 //! candle's `CudaDevice` and hypercomm's [`Gpu`](hypercomm_comm::device::Gpu) both retain the device's primary
 //! context, so their memory and streams are interchangeable. A tensor on another device than the group's GPU is
@@ -21,6 +22,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::{CpuStorage, CustomOp1, DType, DeviceLocation, Layout, Shape, Tensor};
+use float8::F8E4M3;
 use half::{bf16, f16};
 use hypercomm_comm::{CommError, Communicator, Element};
 
@@ -82,6 +84,7 @@ pub(crate) fn for_dtype<W: Typed>(
         DType::I64 => work.run::<i64>(),
         DType::F16 => work.run::<f16>(),
         DType::BF16 => work.run::<bf16>(),
+        DType::F8E4M3 => work.run::<F8E4M3>(),
         DType::F32 => work.run::<f32>(),
         DType::F64 => work.run::<f64>(),
         dtype => Err(Error::UnsupportedDType {

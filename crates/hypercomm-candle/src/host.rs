@@ -1,17 +1,22 @@
 //! [`HostBuf`]: a tensor's elements as a typed host vector, the form the host [`Communicator`] moves.
 //!
-//! candle tensors and hypercomm buffers share these element types: u8, u32, i32, i64, f16, bf16, f32, f64.
-//! The conversion both ways, and the dispatch from a runtime dtype to a typed collective, live here only.
+//! candle tensors and hypercomm buffers share these element types: u8, u32, i32, i64, f16, bf16, f8e4m3, f32,
+//! f64. The conversion both ways, and the dispatch from a runtime dtype to a typed collective, live here only.
+//!
+//! f8e4m3 (`float8::F8E4M3`, the type of candle's storage and of hypercomm's buffers alike) moves bit for bit
+//! through every operation; a reduction of it is refused by the communicator, which reduces 8-bit floats only on a
+//! device, with the error that says so and names the way out.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Device, Layout, Shape, Tensor};
+use float8::F8E4M3;
 use half::{bf16, f16};
 use hypercomm_comm::{CommError, Communicator, Element, P2p, ReduceOp};
 
 use crate::{Error, Result};
 
 /// The candle element types a host communicator can carry.
-pub(crate) const SUPPORTED: &str = "u8, u32, i32, i64, f16, bf16, f32, f64";
+pub(crate) const SUPPORTED: &str = "u8, u32, i32, i64, f16, bf16, f8e4m3, f32, f64";
 
 /// A tensor's elements, flattened in row-major order.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +27,7 @@ pub(crate) enum HostBuf {
     I64(Vec<i64>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    F8E4M3(Vec<F8E4M3>),
     F32(Vec<f32>),
     F64(Vec<f64>),
 }
@@ -53,6 +59,10 @@ macro_rules! each {
             }
             HostBuf::BF16($v) => {
                 let $wrap = HostBuf::BF16;
+                $body
+            }
+            HostBuf::F8E4M3($v) => {
+                let $wrap = HostBuf::F8E4M3;
                 $body
             }
             HostBuf::F32($v) => {
@@ -175,7 +185,10 @@ macro_rules! host_element {
     )*};
 }
 
-host_element!(u8 => U8, u32 => U32, i32 => I32, i64 => I64, f16 => F16, bf16 => BF16, f32 => F32, f64 => F64);
+host_element!(
+    u8 => U8, u32 => U32, i32 => I32, i64 => I64, f16 => F16, bf16 => BF16, F8E4M3 => F8E4M3, f32 => F32,
+    f64 => F64,
+);
 
 /// Issues `parts` as one batch of vectors of `like`'s element type (which names the type) on `comm`; a part of
 /// another type is refused before anything is sent.
@@ -240,6 +253,7 @@ impl HostBuf {
             DType::I64 => HostBuf::I64(Vec::new()),
             DType::F16 => HostBuf::F16(Vec::new()),
             DType::BF16 => HostBuf::BF16(Vec::new()),
+            DType::F8E4M3 => HostBuf::F8E4M3(Vec::new()),
             DType::F32 => HostBuf::F32(Vec::new()),
             DType::F64 => HostBuf::F64(Vec::new()),
             _ => return None,

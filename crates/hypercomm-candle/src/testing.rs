@@ -78,3 +78,25 @@ pub(crate) fn values(t: &Tensor) -> Vec<f64> {
         .and_then(|t| t.to_vec1())
         .expect("values")
 }
+
+/// Rank `rank`'s F8E4M3 sample: element `i` has the bits `(i + 37·rank) mod 256`, so 256 elements hold every bit
+/// pattern (both zeros, both NaNs, ±448 and the subnormals among them), each rank in its own order.
+pub(crate) fn f8_sample(rank: usize, dims: &[usize]) -> Tensor {
+    let n: usize = dims.iter().product();
+    let elements: Vec<float8::F8E4M3> = (0..n)
+        .map(|i| float8::F8E4M3::from_bits(((i + 37 * rank) % 256) as u8))
+        .collect();
+    Tensor::from_vec(elements, dims, &Device::Cpu).expect("f8 sample")
+}
+
+/// The bits of an F8E4M3 tensor's elements in row-major order: what moving it must keep exactly (a NaN compares
+/// unequal to itself, and -0 equal to 0, so values would not do).
+pub(crate) fn f8_bits(t: &Tensor) -> Vec<u8> {
+    assert_eq!(t.dtype(), DType::F8E4M3);
+    t.flatten_all()
+        .and_then(|t| t.to_vec1::<float8::F8E4M3>())
+        .expect("f8 elements")
+        .into_iter()
+        .map(|e| e.to_bits())
+        .collect()
+}
