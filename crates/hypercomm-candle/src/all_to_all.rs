@@ -181,16 +181,13 @@ impl CustomOp1 for AllToAllV {
 /// CUDA tensors (feature `cuda`): the all-to-all on device buffers, stream-ordered on candle's stream.
 #[cfg(feature = "cuda")]
 mod cuda {
+    use candle_core::Layout;
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
-    use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
-    use candle_core::{DType, Layout};
-    use half::{bf16, f16};
-    use hypercomm_comm::Element;
+    use candle_core::cuda_backend::{CudaDevice, CudaStorage};
 
     use super::OP;
-    use crate::device::{SUPPORTED, check_same_device};
-    use crate::{Error, Result, TensorGroup};
+    use crate::device::{CudaElement, Typed, check_same_device, for_dtype};
+    use crate::{Result, TensorGroup};
 
     /// The all-to-all of `storage` read through the contiguous `layout`, with element counts per rank.
     pub(super) fn all_to_all_v(
@@ -208,50 +205,39 @@ mod cuda {
         };
         let run = Run {
             group,
+            storage,
             start,
             end,
             send_counts,
             recv_counts,
         };
-        match storage.dtype() {
-            DType::U8 => run.typed::<u8>(storage),
-            DType::U32 => run.typed::<u32>(storage),
-            DType::I32 => run.typed::<i32>(storage),
-            DType::I64 => run.typed::<i64>(storage),
-            DType::F16 => run.typed::<f16>(storage),
-            DType::BF16 => run.typed::<bf16>(storage),
-            DType::F32 => run.typed::<f32>(storage),
-            DType::F64 => run.typed::<f64>(storage),
-            dtype => Err(Error::UnsupportedDType {
-                op: OP,
-                group: group.name().to_owned(),
-                dtype,
-                supported: SUPPORTED,
-            }),
-        }
+        for_dtype(storage.dtype(), OP, group.name(), run)
     }
 
-    /// One all-to-all: elements `start..end` of the input storage, counts per rank.
+    /// One all-to-all: elements `start..end` of `storage`, counts per rank.
     struct Run<'a> {
         group: &'a TensorGroup,
+        storage: &'a CudaStorage,
         start: usize,
         end: usize,
         send_counts: Vec<usize>,
         recv_counts: Vec<usize>,
     }
 
-    impl Run<'_> {
+    impl Typed for Run<'_> {
+        type Out = CudaStorage;
+
         /// Copy in, all-to-all, copy out, all enqueued on the streams (as `crate::device` does).
-        fn typed<T>(self, storage: &CudaStorage) -> Result<CudaStorage>
-        where
-            T: Element + CudaDType + DeviceRepr + ValidAsZeroBits,
-        {
+        fn run<T: CudaElement>(self) -> Result<CudaStorage> {
             let comm_error = |e| self.group.comm_error(e);
             let comm = self.group.comm()?;
-            let dev: &CudaDevice = storage.device();
+            let dev: &CudaDevice = self.storage.device();
             let gpu = check_same_device(self.group, comm, OP, dev)?;
             let stream = dev.cuda_stream();
-            let src = storage.as_cuda_slice::<T>()?.slice(self.start..self.end);
+            let src = self
+                .storage
+                .as_cuda_slice::<T>()?
+                .slice(self.start..self.end);
             let mut input = gpu
                 .alloc_zeros::<T>(self.end - self.start)
                 .map_err(comm_error)?;

@@ -5,8 +5,10 @@
 //! with the input's dtype) instead of writing into the input. A non-contiguous input (a transposed or narrowed
 //! view) is read through its layout, so the result is always contiguous and never drops a stride. CPU tensors
 //! go through the group's communicator as host vectors, CUDA tensors (feature `cuda`) as device buffers,
-//! stream-ordered on candle's stream; a tensor of another device, or of a dtype the communicator lacks (i16, the
-//! f8/f6/f4 formats), is an [`Error`](crate::Error) naming it.
+//! stream-ordered on candle's stream; a tensor of another device, or of a dtype the communicator lacks (i16,
+//! f8e8m0, the f6/f4 formats), is an [`Error`] naming it. f8e4m3 tensors are broadcast and gathered
+//! on both; the host does not reduce them, so an all-reduce or reduce-scatter of CPU f8e4m3 tensors is the
+//! communicator's error saying so, while CUDA ones reduce on NCCL.
 
 use candle_core::{Device, Shape, Tensor};
 use hypercomm_comm::ReduceOp;
@@ -237,27 +239,11 @@ impl TensorGroup {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, Device, Tensor};
+    use candle_core::{DType, Tensor};
     use hypercomm_comm::ReduceOp;
 
-    use crate::testing::run_ranks;
+    use crate::testing::{f8_bits, f8_sample, run_ranks, sample, values};
     use crate::{Error, TensorGroup};
-
-    /// Rank `rank`'s sample: `100·rank + i` for element `i`, in `dtype`.
-    fn sample(rank: usize, dims: &[usize], dtype: DType) -> Tensor {
-        let n: usize = dims.iter().product();
-        let values: Vec<f64> = (0..n).map(|i| (100 * rank + i) as f64).collect();
-        Tensor::from_vec(values, dims, &Device::Cpu)
-            .and_then(|t| t.to_dtype(dtype))
-            .expect("sample")
-    }
-
-    fn values(t: &Tensor) -> Vec<f64> {
-        t.to_dtype(DType::F64)
-            .and_then(|t| t.flatten_all())
-            .and_then(|t| t.to_vec1())
-            .expect("values")
-    }
 
     /// 4 ranks, tp groups {0, 1} and {2, 3}: `f(rank, tp group, members)` on each.
     fn on_tp_groups(f: impl Fn(usize, TensorGroup, Vec<usize>) + Send + Sync + 'static) {
@@ -414,6 +400,60 @@ mod tests {
                 .all_reduce(&sample(rank, &[1], DType::F32), ReduceOp::Sum)
                 .expect("still works");
             assert_eq!(ok.dims(), [1]);
+        });
+    }
+
+    #[test]
+    fn f8e4m3_is_broadcast_and_gathered_bit_for_bit() {
+        on_tp_groups(|rank, tp, members| {
+            // 256 elements: every bit pattern, NaNs and both zeros included, each rank in its own order.
+            let got = tp
+                .broadcast(&f8_sample(rank, &[16, 16]), 1)
+                .expect("broadcast");
+            assert_eq!((got.dtype(), got.dims()), (DType::F8E4M3, &[16, 16][..]));
+            assert_eq!(f8_bits(&got), f8_bits(&f8_sample(members[1], &[16, 16])));
+            // A transposed view goes by its logical layout.
+            let view = f8_sample(rank, &[16, 16]).t().expect("t");
+            assert!(!view.is_contiguous());
+            let got = tp.broadcast(&view, 0).expect("broadcast of a view");
+            let want = f8_sample(members[0], &[16, 16]).t().expect("t");
+            assert_eq!(f8_bits(&got), f8_bits(&want));
+            for dim in 0..2 {
+                let got = tp
+                    .all_gather(&f8_sample(rank, &[8, 32]), dim)
+                    .expect("all_gather");
+                let parts: Vec<Tensor> = members.iter().map(|&r| f8_sample(r, &[8, 32])).collect();
+                let want = Tensor::cat(&parts, dim).expect("cat");
+                assert_eq!(got.dims(), want.dims(), "dim {dim}");
+                assert_eq!(f8_bits(&got), f8_bits(&want), "dim {dim}");
+            }
+        });
+    }
+
+    #[test]
+    fn reducing_f8e4m3_on_the_cpu_is_refused_naming_the_way_out() {
+        on_tp_groups(|rank, tp, members| {
+            let t = f8_sample(rank, &[4, 2]);
+            let refusals = [
+                ("all_reduce", tp.all_reduce(&t, ReduceOp::Sum)),
+                ("reduce_scatter", tp.reduce_scatter(&t, 0, ReduceOp::Max)),
+            ];
+            for (op, result) in refusals {
+                let err = result.expect_err("a host reduction of f8e4m3");
+                assert!(matches!(err, Error::Comm { .. }), "{op}: {err:?}");
+                let text = err.to_string();
+                assert!(
+                    text.contains(&format!("{op} of f8e4m3 on host buffers is not supported"))
+                        && text.contains("reduce on a device buffer")
+                        && text.contains("or in f32 or bf16"),
+                    "{text}"
+                );
+            }
+            // Refused before anything was sent: the group goes on, and the way out works.
+            let f32 = |r: usize| f8_sample(r, &[4, 2]).to_dtype(DType::F32).expect("f32");
+            let got = tp.all_reduce(&f32(rank), ReduceOp::Sum).expect("f32 sum");
+            let want = (f32(members[0]) + f32(members[1])).expect("add");
+            assert_eq!(values(&got), values(&want));
         });
     }
 }

@@ -342,7 +342,7 @@ mod tests {
 
     use super::{DEFAULT_BUCKET_BYTES, GradSync, SyncStats};
     use crate::TensorGroup;
-    use crate::testing::{run_ranks, run_ranks_with};
+    use crate::testing::{run_ranks, run_ranks_with, values};
 
     /// A deterministic tensor that differs by rank and by `salt`.
     fn pattern(rank: usize, salt: usize, dims: &[usize], dtype: DType) -> Tensor {
@@ -353,13 +353,6 @@ mod tests {
         Tensor::from_vec(v, dims, &Device::Cpu)
             .and_then(|t| t.to_dtype(dtype))
             .expect("pattern")
-    }
-
-    fn values(t: &Tensor) -> Vec<f64> {
-        t.to_dtype(DType::F64)
-            .and_then(|t| t.flatten_all())
-            .and_then(|t| t.to_vec1())
-            .expect("values")
     }
 
     const SHAPES: [(&[usize], DType); 5] = [

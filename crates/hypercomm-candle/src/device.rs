@@ -10,6 +10,10 @@
 //! device-memory speed), and keep candle's storage and NCCL's buffers apart, which candle's immutable tensors
 //! need anyway for a result.
 //!
+//! The element types are the host's ([`crate::host::SUPPORTED`]), each mapped to its Rust type once, in
+//! [`for_dtype`]. f8e4m3 tensors need NCCL 2.24 or newer here (an older one refuses them, naming both versions)
+//! and reduce, where the host only moves them.
+//!
 //! candle's `CudaDevice` and hypercomm's [`Gpu`](hypercomm_comm::device::Gpu) both retain the device's primary
 //! context, so their memory and streams are interchangeable. A tensor on another device than the group's GPU is
 //! an error naming both.
@@ -18,9 +22,11 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::{CpuStorage, CustomOp1, DType, DeviceLocation, Layout, Shape, Tensor};
+use float8::F8E4M3;
 use half::{bf16, f16};
 use hypercomm_comm::{CommError, Communicator, Element};
 
+use crate::host::SUPPORTED;
 use crate::kind::Kind;
 use crate::{Error, Result, TensorGroup};
 
@@ -50,19 +56,37 @@ pub(crate) fn collective(
     Ok(t.contiguous()?.apply_op1_no_bwd(&op)?)
 }
 
-/// The dtypes both candle's CUDA backend and NCCL carry.
-pub(crate) const SUPPORTED: &str = "u8, u32, i32, i64, f16, bf16, f32, f64";
+/// An element type that candle's CUDA storage and a hypercomm device buffer share.
+pub(crate) trait CudaElement: Element + CudaDType + DeviceRepr + ValidAsZeroBits {}
 
-pub(crate) fn check_dtype(dtype: DType, op: &'static str, group: &str) -> Result<()> {
+impl<T: Element + CudaDType + DeviceRepr + ValidAsZeroBits> CudaElement for T {}
+
+/// Work written once for every element type, which [`for_dtype`] runs with the type of a runtime dtype.
+pub(crate) trait Typed {
+    /// What the work gives back.
+    type Out;
+    /// Runs the work on elements of type `T`.
+    fn run<T: CudaElement>(self) -> Result<Self::Out>;
+}
+
+/// Runs `work` with the element type of `dtype`: the one map from candle's dtypes to the element types a device
+/// buffer carries (those of [`crate::host::SUPPORTED`]). Any other dtype is the error naming it.
+pub(crate) fn for_dtype<W: Typed>(
+    dtype: DType,
+    op: &'static str,
+    group: &str,
+    work: W,
+) -> Result<W::Out> {
     match dtype {
-        DType::U8
-        | DType::U32
-        | DType::I32
-        | DType::I64
-        | DType::F16
-        | DType::BF16
-        | DType::F32
-        | DType::F64 => Ok(()),
+        DType::U8 => work.run::<u8>(),
+        DType::U32 => work.run::<u32>(),
+        DType::I32 => work.run::<i32>(),
+        DType::I64 => work.run::<i64>(),
+        DType::F16 => work.run::<f16>(),
+        DType::BF16 => work.run::<bf16>(),
+        DType::F8E4M3 => work.run::<F8E4M3>(),
+        DType::F32 => work.run::<f32>(),
+        DType::F64 => work.run::<f64>(),
         dtype => Err(Error::UnsupportedDType {
             op,
             group: group.to_owned(),
@@ -70,6 +94,19 @@ pub(crate) fn check_dtype(dtype: DType, op: &'static str, group: &str) -> Result
             supported: SUPPORTED,
         }),
     }
+}
+
+/// Why a device buffer cannot carry `dtype`, if it cannot.
+fn check_dtype(dtype: DType, op: &'static str, group: &str) -> Result<()> {
+    /// Work that only asks whether the type exists.
+    struct Carried;
+    impl Typed for Carried {
+        type Out = ();
+        fn run<T: CudaElement>(self) -> Result<()> {
+            Ok(())
+        }
+    }
+    for_dtype(dtype, op, group, Carried)
 }
 
 impl CustomOp1 for DeviceCollective {
@@ -109,47 +146,45 @@ pub(crate) fn cuda_fwd(
             what: format!("a device collective got a non-contiguous input ({layout:?})"),
         });
     };
-    let run = Run { group, kind };
-    match storage.dtype() {
-        DType::U8 => run.typed::<u8>(storage, start, end),
-        DType::U32 => run.typed::<u32>(storage, start, end),
-        DType::I32 => run.typed::<i32>(storage, start, end),
-        DType::I64 => run.typed::<i64>(storage, start, end),
-        DType::F16 => run.typed::<f16>(storage, start, end),
-        DType::BF16 => run.typed::<bf16>(storage, start, end),
-        DType::F32 => run.typed::<f32>(storage, start, end),
-        DType::F64 => run.typed::<f64>(storage, start, end),
-        dtype => Err(Error::UnsupportedDType {
-            op: kind.op(),
-            group: group.name().to_owned(),
-            dtype,
-            supported: SUPPORTED,
-        }),
-    }
+    let run = Run {
+        group,
+        kind,
+        storage,
+        start,
+        end,
+    };
+    for_dtype(storage.dtype(), kind.op(), group.name(), run)
 }
 
-/// One collective on one group, for [`cuda_fwd`].
+/// One collective on one group, for [`cuda_fwd`]: elements `start..end` of `storage` in.
 struct Run<'a> {
     group: &'a TensorGroup,
     kind: Kind,
+    storage: &'a CudaStorage,
+    start: usize,
+    end: usize,
 }
 
 impl Run<'_> {
     fn comm_error(&self, source: CommError) -> Error {
         self.group.comm_error(source)
     }
+}
+
+impl Typed for Run<'_> {
+    type Out = CudaStorage;
 
     /// Copy in, collective, copy out, all enqueued on the streams (see the module docs).
-    fn typed<T>(&self, storage: &CudaStorage, start: usize, end: usize) -> Result<CudaStorage>
-    where
-        T: Element + CudaDType + DeviceRepr + ValidAsZeroBits,
-    {
+    fn run<T: CudaElement>(self) -> Result<CudaStorage> {
         let comm = self.group.comm()?;
-        let dev: &CudaDevice = storage.device();
+        let dev: &CudaDevice = self.storage.device();
         let gpu = check_same_device(self.group, comm, self.kind.op(), dev)?;
         let stream = dev.cuda_stream();
-        let n = end - start;
-        let src = storage.as_cuda_slice::<T>()?.slice(start..end);
+        let n = self.end - self.start;
+        let src = self
+            .storage
+            .as_cuda_slice::<T>()?
+            .slice(self.start..self.end);
         let mut input = gpu.alloc_zeros::<T>(n).map_err(|e| self.comm_error(e))?;
         input
             .copy_from_device(&src, &stream)

@@ -1,17 +1,22 @@
 //! [`HostBuf`]: a tensor's elements as a typed host vector, the form the host [`Communicator`] moves.
 //!
-//! candle tensors and hypercomm buffers share these element types: u8, u32, i32, i64, f16, bf16, f32, f64.
-//! The conversion both ways, and the dispatch from a runtime dtype to a typed collective, live here only.
+//! candle tensors and hypercomm buffers share these element types: u8, u32, i32, i64, f16, bf16, f8e4m3, f32,
+//! f64. The conversion both ways, and the dispatch from a runtime dtype to a typed collective, live here only.
+//!
+//! f8e4m3 (`float8::F8E4M3`, the type of candle's storage and of hypercomm's buffers alike) moves bit for bit
+//! through every operation; a reduction of it is refused by the communicator, which reduces 8-bit floats only on a
+//! device, with the error that says so and names the way out.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Device, Layout, Shape, Tensor};
+use float8::F8E4M3;
 use half::{bf16, f16};
 use hypercomm_comm::{CommError, Communicator, Element, P2p, ReduceOp};
 
 use crate::{Error, Result};
 
 /// The candle element types a host communicator can carry.
-pub(crate) const SUPPORTED: &str = "u8, u32, i32, i64, f16, bf16, f32, f64";
+pub(crate) const SUPPORTED: &str = "u8, u32, i32, i64, f16, bf16, f8e4m3, f32, f64";
 
 /// A tensor's elements, flattened in row-major order.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +27,7 @@ pub(crate) enum HostBuf {
     I64(Vec<i64>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    F8E4M3(Vec<F8E4M3>),
     F32(Vec<f32>),
     F64(Vec<f64>),
 }
@@ -53,6 +59,10 @@ macro_rules! each {
             }
             HostBuf::BF16($v) => {
                 let $wrap = HostBuf::BF16;
+                $body
+            }
+            HostBuf::F8E4M3($v) => {
+                let $wrap = HostBuf::F8E4M3;
                 $body
             }
             HostBuf::F32($v) => {
@@ -91,6 +101,15 @@ pub(crate) fn with_elements<T: candle_core::WithDType, R>(
     }
     let copy = t.flatten_all()?.to_vec1::<T>()?;
     Ok(f(&copy))
+}
+
+/// The elements of CPU storage, as a slice of `like`'s element type (which names the type; it must be the
+/// storage's).
+fn elements_of<'s, T: candle_core::WithDType>(
+    storage: &'s CpuStorage,
+    _like: &[T],
+) -> candle_core::Result<&'s [T]> {
+    T::cpu_storage_as_slice(storage)
 }
 
 /// A collective in flight; [`Pending::wait`] gives back the resulting buffer (a [`HostBuf`], or the symmetric
@@ -166,13 +185,17 @@ macro_rules! host_element {
     )*};
 }
 
-host_element!(u8 => U8, u32 => U32, i32 => I32, i64 => I64, f16 => F16, bf16 => BF16, f32 => F32, f64 => F64);
+host_element!(
+    u8 => U8, u32 => U32, i32 => I32, i64 => I64, f16 => F16, bf16 => BF16, F8E4M3 => F8E4M3, f32 => F32,
+    f64 => F64,
+);
 
-/// Issues `parts` as one batch of `T` vectors on `comm`; a part of another type is refused before anything is
-/// sent.
+/// Issues `parts` as one batch of vectors of `like`'s element type (which names the type) on `comm`; a part of
+/// another type is refused before anything is sent.
 fn batch_of<T: HostElement>(
     comm: &Communicator,
     parts: Vec<P2p<HostBuf>>,
+    _like: &[T],
 ) -> Result<Pending<Vec<HostBuf>>, CommError> {
     let typed = parts
         .into_iter()
@@ -212,23 +235,28 @@ fn batch_of<T: HostElement>(
 impl HostBuf {
     /// An empty buffer of `dtype`, or the error naming an unsupported dtype.
     pub(crate) fn empty(dtype: DType, op: &'static str, group: &str) -> Result<HostBuf> {
-        Ok(match dtype {
+        HostBuf::of_dtype(dtype).ok_or_else(|| Error::UnsupportedDType {
+            op,
+            group: group.to_owned(),
+            dtype,
+            supported: SUPPORTED,
+        })
+    }
+
+    /// An empty buffer of `dtype`, if the host communicator carries it: the one map from candle's dtypes to
+    /// [`HostBuf`]'s variants.
+    fn of_dtype(dtype: DType) -> Option<HostBuf> {
+        Some(match dtype {
             DType::U8 => HostBuf::U8(Vec::new()),
             DType::U32 => HostBuf::U32(Vec::new()),
             DType::I32 => HostBuf::I32(Vec::new()),
             DType::I64 => HostBuf::I64(Vec::new()),
             DType::F16 => HostBuf::F16(Vec::new()),
             DType::BF16 => HostBuf::BF16(Vec::new()),
+            DType::F8E4M3 => HostBuf::F8E4M3(Vec::new()),
             DType::F32 => HostBuf::F32(Vec::new()),
             DType::F64 => HostBuf::F64(Vec::new()),
-            dtype => {
-                return Err(Error::UnsupportedDType {
-                    op,
-                    group: group.to_owned(),
-                    dtype,
-                    supported: SUPPORTED,
-                });
-            }
+            _ => return None,
         })
     }
 
@@ -271,34 +299,19 @@ impl HostBuf {
                 "hypercomm: a custom op got a non-contiguous input (layout {layout:?})"
             )
         };
-        Ok(match storage {
-            CpuStorage::U8(v) => HostBuf::U8(v[start..end].to_vec()),
-            CpuStorage::U32(v) => HostBuf::U32(v[start..end].to_vec()),
-            CpuStorage::I32(v) => HostBuf::I32(v[start..end].to_vec()),
-            CpuStorage::I64(v) => HostBuf::I64(v[start..end].to_vec()),
-            CpuStorage::F16(v) => HostBuf::F16(v[start..end].to_vec()),
-            CpuStorage::BF16(v) => HostBuf::BF16(v[start..end].to_vec()),
-            CpuStorage::F32(v) => HostBuf::F32(v[start..end].to_vec()),
-            CpuStorage::F64(v) => HostBuf::F64(v[start..end].to_vec()),
-            other => candle_core::bail!(
+        let Some(mut buf) = HostBuf::of_dtype(storage.dtype()) else {
+            candle_core::bail!(
                 "hypercomm: tensors of dtype {:?} cannot be communicated (supported: {SUPPORTED})",
-                other.dtype()
-            ),
-        })
+                storage.dtype()
+            )
+        };
+        each!(&mut buf, v, _wrap => v.extend_from_slice(&elements_of(storage, no_elements(v))?[start..end]));
+        Ok(buf)
     }
 
     /// The buffer as candle CPU storage.
     pub(crate) fn into_storage(self) -> CpuStorage {
-        match self {
-            HostBuf::U8(v) => CpuStorage::U8(v),
-            HostBuf::U32(v) => CpuStorage::U32(v),
-            HostBuf::I32(v) => CpuStorage::I32(v),
-            HostBuf::I64(v) => CpuStorage::I64(v),
-            HostBuf::F16(v) => CpuStorage::F16(v),
-            HostBuf::BF16(v) => CpuStorage::BF16(v),
-            HostBuf::F32(v) => CpuStorage::F32(v),
-            HostBuf::F64(v) => CpuStorage::F64(v),
-        }
+        each!(self, v, _wrap => candle_core::WithDType::to_cpu_storage_owned(v))
     }
 
     /// Makes room for `additional` more elements at once (a bucket whose size is planned grows once).
@@ -371,16 +384,10 @@ impl HostBuf {
         let Some(first) = parts.first() else {
             return Ok(Pending::new(|| Ok(Vec::new())));
         };
-        match first.buf() {
-            HostBuf::U8(_) => batch_of::<u8>(comm, parts),
-            HostBuf::U32(_) => batch_of::<u32>(comm, parts),
-            HostBuf::I32(_) => batch_of::<i32>(comm, parts),
-            HostBuf::I64(_) => batch_of::<i64>(comm, parts),
-            HostBuf::F16(_) => batch_of::<f16>(comm, parts),
-            HostBuf::BF16(_) => batch_of::<bf16>(comm, parts),
-            HostBuf::F32(_) => batch_of::<f32>(comm, parts),
-            HostBuf::F64(_) => batch_of::<f64>(comm, parts),
-        }
+        each!(first.buf(), v, _wrap => {
+            let like = no_elements(v);
+            batch_of(comm, parts, like)
+        })
     }
 
     /// Issues a reduce-scatter: the buffer holds one block per rank; the result is the reduction of every rank's

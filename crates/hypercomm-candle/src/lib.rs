@@ -17,7 +17,10 @@
 //!    overlapping communication with flattening), then step any candle optimizer.
 //!
 //! Tensors on the CPU go through the host backend (shared memory or TCP). Element types: u8, u32, i32, i64, f16,
-//! bf16, f32, f64; others (i16, the f8/f6/f4 formats) and tensors on other devices are an [`Error`] naming them.
+//! bf16, f8e4m3, f32, f64; others (i16, f8e8m0, the f6/f4 formats) and tensors on other devices are an [`Error`]
+//! naming them. f8e4m3 tensors move bit for bit everywhere, but only CUDA tensors reduce (on NCCL 2.24 or newer):
+//! a reduction of CPU f8e4m3 tensors is the communicator's error naming the type and the way out (reduce in f32
+//! or bf16).
 //!
 //! ```
 //! use std::sync::Arc;

@@ -245,15 +245,13 @@ impl TensorGroup {
 /// CUDA tensors (feature `cuda`): the exchange as one NCCL group, stream-ordered on candle's stream.
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
-    use candle_core::cuda_backend::{CudaDType, CudaStorage};
+    use candle_core::cuda_backend::CudaStorage;
     use candle_core::op::BackpropOp;
-    use candle_core::{DType, Device, Storage, Tensor};
-    use half::{bf16, f16};
-    use hypercomm_comm::{Element, P2p};
+    use candle_core::{Device, Storage, Tensor};
+    use hypercomm_comm::P2p;
 
     use super::TensorP2p;
-    use crate::device::{SUPPORTED, check_same_device};
+    use crate::device::{CudaElement, Typed, check_same_device, for_dtype};
     use crate::{Error, Result, TensorGroup};
 
     /// The exchange of `parts` (checked: at least one, one dtype, one CUDA device, peers in the group).
@@ -262,94 +260,91 @@ mod cuda {
         op: &'static str,
         parts: Vec<TensorP2p>,
     ) -> Result<Vec<Tensor>> {
-        match parts[0].dtype() {
-            DType::U8 => typed::<u8>(group, op, parts),
-            DType::U32 => typed::<u32>(group, op, parts),
-            DType::I32 => typed::<i32>(group, op, parts),
-            DType::I64 => typed::<i64>(group, op, parts),
-            DType::F16 => typed::<f16>(group, op, parts),
-            DType::BF16 => typed::<bf16>(group, op, parts),
-            DType::F32 => typed::<f32>(group, op, parts),
-            DType::F64 => typed::<f64>(group, op, parts),
-            dtype => Err(Error::UnsupportedDType {
-                op,
-                group: group.name().to_owned(),
-                dtype,
-                supported: SUPPORTED,
-            }),
-        }
+        let dtype = parts[0].dtype();
+        for_dtype(dtype, op, group.name(), Exchange { group, op, parts })
     }
 
-    /// Copy each send in, exchange, copy each receive out: all enqueued on candle's stream, which waits for the
-    /// NCCL group before the copies out.
-    fn typed<T>(group: &TensorGroup, op: &'static str, parts: Vec<TensorP2p>) -> Result<Vec<Tensor>>
-    where
-        T: Element + CudaDType + DeviceRepr + ValidAsZeroBits,
-    {
-        let Device::Cuda(dev) = parts[0].device().clone() else {
-            return Err(Error::UnsupportedDevice {
-                op,
-                group: group.name().to_owned(),
-                device: format!("{:?}", parts[0].device().location()),
-                why: "the device exchange serves cuda tensors".into(),
-            });
-        };
-        let comm = group.comm()?;
-        let gpu = check_same_device(group, comm, op, &dev)?;
-        let stream = dev.cuda_stream();
-        let comm_error = |e| group.comm_error(e);
-        let mut batch = Vec::with_capacity(parts.len());
-        for part in &parts {
-            batch.push(match part {
-                TensorP2p::Send { tensor, peer } => {
-                    let t = tensor.contiguous()?;
-                    let (storage, layout) = t.storage_and_layout();
-                    let (Storage::Cuda(cuda), Some((start, end))) =
-                        (&*storage, layout.contiguous_offsets())
-                    else {
-                        return Err(group.argument_error(
-                            op,
-                            format!("a send's tensor is not contiguous cuda storage ({layout:?})"),
-                        ));
-                    };
-                    let src = cuda.as_cuda_slice::<T>()?.slice(start..end);
-                    let mut buf = gpu.alloc_zeros::<T>(end - start).map_err(comm_error)?;
-                    buf.copy_from_device(&src, &stream).map_err(comm_error)?;
-                    P2p::send(buf, *peer)
-                }
-                TensorP2p::Recv { shape, peer, .. } => P2p::recv(
-                    gpu.alloc_zeros::<T>(shape.elem_count())
-                        .map_err(comm_error)?,
-                    *peer,
-                ),
-            });
+    /// One exchange on one group, for [`exchange`].
+    struct Exchange<'a> {
+        group: &'a TensorGroup,
+        op: &'static str,
+        parts: Vec<TensorP2p>,
+    }
+
+    impl Typed for Exchange<'_> {
+        type Out = Vec<Tensor>;
+
+        /// Copy each send in, exchange, copy each receive out: all enqueued on candle's stream, which waits for
+        /// the NCCL group before the copies out.
+        fn run<T: CudaElement>(self) -> Result<Vec<Tensor>> {
+            let Exchange { group, op, parts } = self;
+            let Device::Cuda(dev) = parts[0].device().clone() else {
+                return Err(Error::UnsupportedDevice {
+                    op,
+                    group: group.name().to_owned(),
+                    device: format!("{:?}", parts[0].device().location()),
+                    why: "the device exchange serves cuda tensors".into(),
+                });
+            };
+            let comm = group.comm()?;
+            let gpu = check_same_device(group, comm, op, &dev)?;
+            let stream = dev.cuda_stream();
+            let comm_error = |e| group.comm_error(e);
+            let mut batch = Vec::with_capacity(parts.len());
+            for part in &parts {
+                batch.push(match part {
+                    TensorP2p::Send { tensor, peer } => {
+                        let t = tensor.contiguous()?;
+                        let (storage, layout) = t.storage_and_layout();
+                        let (Storage::Cuda(cuda), Some((start, end))) =
+                            (&*storage, layout.contiguous_offsets())
+                        else {
+                            return Err(group.argument_error(
+                                op,
+                                format!(
+                                    "a send's tensor is not contiguous cuda storage ({layout:?})"
+                                ),
+                            ));
+                        };
+                        let src = cuda.as_cuda_slice::<T>()?.slice(start..end);
+                        let mut buf = gpu.alloc_zeros::<T>(end - start).map_err(comm_error)?;
+                        buf.copy_from_device(&src, &stream).map_err(comm_error)?;
+                        P2p::send(buf, *peer)
+                    }
+                    TensorP2p::Recv { shape, peer, .. } => P2p::recv(
+                        gpu.alloc_zeros::<T>(shape.elem_count())
+                            .map_err(comm_error)?,
+                        *peer,
+                    ),
+                });
+            }
+            let bufs = comm
+                .batch(batch)
+                .and_then(|work| work.wait_on(&stream))
+                .map_err(comm_error)?;
+            parts
+                .into_iter()
+                .zip(bufs)
+                .map(|(part, buf)| match part {
+                    TensorP2p::Send { tensor, .. } => Ok(tensor),
+                    TensorP2p::Recv { shape, .. } => {
+                        let n = buf.len();
+                        // At least one element: CUDA refuses an empty allocation, and the tensor's shape says how
+                        // many of the storage's elements it has.
+                        let mut out = dev.alloc_zeros::<T>(n.max(1))?;
+                        buf.copy_to_device(&mut out.slice_mut(..n), &stream)
+                            .map_err(comm_error)?;
+                        let storage = CudaStorage::wrap_cuda_slice(out, dev.clone());
+                        Ok(Tensor::from_storage(
+                            Storage::Cuda(storage),
+                            shape,
+                            BackpropOp::none(),
+                            false,
+                        ))
+                    }
+                })
+                .collect()
         }
-        let bufs = comm
-            .batch(batch)
-            .and_then(|work| work.wait_on(&stream))
-            .map_err(comm_error)?;
-        parts
-            .into_iter()
-            .zip(bufs)
-            .map(|(part, buf)| match part {
-                TensorP2p::Send { tensor, .. } => Ok(tensor),
-                TensorP2p::Recv { shape, .. } => {
-                    let n = buf.len();
-                    // At least one element: CUDA refuses an empty allocation, and the tensor's shape says how
-                    // many of the storage's elements it has.
-                    let mut out = dev.alloc_zeros::<T>(n.max(1))?;
-                    buf.copy_to_device(&mut out.slice_mut(..n), &stream)
-                        .map_err(comm_error)?;
-                    let storage = CudaStorage::wrap_cuda_slice(out, dev.clone());
-                    Ok(Tensor::from_storage(
-                        Storage::Cuda(storage),
-                        shape,
-                        BackpropOp::none(),
-                        false,
-                    ))
-                }
-            })
-            .collect()
     }
 }
 

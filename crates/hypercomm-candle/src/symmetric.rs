@@ -2,8 +2,10 @@
 //! [`GradSync`](crate::GradSync) can flatten a bucket straight into memory the peers on this host reduce in place
 //! (see [`hypercomm_comm::symmetric`]) instead of into a vector the collective stages through its slots.
 //!
-//! The element types are [`HostBuf`](crate::host::HostBuf)'s; which of them a dtype maps to is decided there
-//! (an unsupported dtype never reaches this module).
+//! The element types are [`HostBuf`](crate::host::HostBuf)'s that the host reduces; which of them a dtype maps to
+//! is decided there (an unsupported dtype never reaches this module). f8e4m3, which the host moves but does not
+//! reduce, gets no symmetric buffer: its bucket takes the vector path, whose all-reduce the communicator refuses
+//! with the error naming the type.
 
 use candle_core::{DType, Device, Shape, Tensor};
 use half::{bf16, f16};

@@ -1,5 +1,5 @@
-//! candle's CUDA tensors through NCCL on a real GPU (feature `cuda`): the tensor collectives and one
-//! data-parallel training step, each against the same computation on the CPU.
+//! candle's CUDA tensors through NCCL on a real GPU (feature `cuda`): the tensor collectives, f8e4m3 tensors moved
+//! bit for bit and reduced, and one data-parallel training step, each against the same computation on the CPU.
 //!
 //! Without a GPU (or NCCL) every test says why it skips; with `HYPERCOMM_REQUIRE_GPU=1` a skip is a failure, so a
 //! GPU run cannot pass by skipping. Two ranks run when the machine has two GPUs, or one GPU with NCCL 2.30 or
@@ -28,7 +28,7 @@ mod on_gpu {
     use candle_core::backprop::GradStore;
     use candle_core::{DType, Device, Tensor, Var};
     use candle_nn::{Linear, Module, Optimizer, SGD};
-    use hypercomm_candle::{GradSync, ReduceOp, TensorGroup};
+    use hypercomm_candle::{GradSync, ReduceOp, TensorGroup, TensorP2p};
     use hypercomm_comm::device::{DeviceRuntime, Gpu};
     use hypercomm_grid::layout::LayoutConfig;
     use hypercomm_store::{MemoryStore, Store};
@@ -174,6 +174,88 @@ mod on_gpu {
                 .broadcast(&on(sample(rank, &[3], DType::F64)), world - 1)
                 .expect("broadcast");
             assert_eq!(values(&got), values(&sample(world - 1, &[3], DType::F64)));
+        });
+    }
+
+    /// Rank `rank`'s F8E4M3 sample on the CPU: element `i` has the bits `(i + 37·rank) mod 256`, so 256 elements
+    /// hold every bit pattern (NaNs and both zeros included).
+    fn f8_sample(rank: usize, dims: &[usize]) -> Tensor {
+        let n: usize = dims.iter().product();
+        let elements: Vec<float8::F8E4M3> = (0..n)
+            .map(|i| float8::F8E4M3::from_bits(((i + 37 * rank) % 256) as u8))
+            .collect();
+        Tensor::from_vec(elements, dims, &Device::Cpu).expect("f8 sample")
+    }
+
+    /// The bits of an F8E4M3 tensor's elements (on any device) in row-major order.
+    fn f8_bits(t: &Tensor) -> Vec<u8> {
+        assert_eq!(t.dtype(), DType::F8E4M3);
+        t.to_device(&Device::Cpu)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<float8::F8E4M3>())
+            .expect("f8 elements")
+            .into_iter()
+            .map(|e| e.to_bits())
+            .collect()
+    }
+
+    #[test]
+    fn f8e4m3_tensors_on_cuda_move_bit_for_bit_and_reduce_on_nccl() {
+        let Some(world) = ranks_or_skip("candle cuda f8e4m3") else {
+            return;
+        };
+        on_gpu_ranks(world, world, move |rank, pgc, dev| {
+            let tp = TensorGroup::kind(&pgc, "tp").expect("tp");
+            let on = |t: Tensor| t.to_device(&dev).expect("to cuda");
+            let got = tp
+                .broadcast(&on(f8_sample(rank, &[16, 16])), world - 1)
+                .expect("broadcast");
+            assert!(got.device().is_cuda(), "the result stays on the gpu");
+            assert_eq!(f8_bits(&got), f8_bits(&f8_sample(world - 1, &[16, 16])));
+            let got = tp
+                .all_gather(&on(f8_sample(rank, &[8, 32])), 1)
+                .expect("all_gather");
+            let parts: Vec<Tensor> = (0..world).map(|r| f8_sample(r, &[8, 32])).collect();
+            assert_eq!(
+                f8_bits(&got),
+                f8_bits(&Tensor::cat(&parts, 1).expect("cat"))
+            );
+            // Two rows for every rank, each rank's pair from every rank in rank order.
+            let got = tp
+                .all_to_all_v(
+                    &on(f8_sample(rank, &[2 * world, 64])),
+                    &vec![2; world],
+                    &vec![2; world],
+                )
+                .expect("all_to_all_v");
+            let want: Vec<Tensor> = (0..world)
+                .map(|s| {
+                    f8_sample(s, &[2 * world, 64])
+                        .narrow(0, 2 * rank, 2)
+                        .expect("rows")
+                })
+                .collect();
+            assert_eq!(f8_bits(&got), f8_bits(&Tensor::cat(&want, 0).expect("cat")));
+            if world > 1 {
+                let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
+                let got = tp
+                    .exchange(vec![
+                        TensorP2p::send(&on(f8_sample(rank, &[256])), next),
+                        TensorP2p::recv(256, DType::F8E4M3, &dev, prev),
+                    ])
+                    .expect("exchange");
+                assert_eq!(f8_bits(&got[1]), f8_bits(&f8_sample(prev, &[256])));
+            }
+            // NCCL reduces f8e4m3 (the host refuses to): the maximum of finite values is the last rank's.
+            let finite = |r: usize| {
+                sample(r, &[4], DType::F32)
+                    .to_dtype(DType::F8E4M3)
+                    .expect("f8")
+            };
+            let got = tp
+                .all_reduce(&on(finite(rank)), ReduceOp::Max)
+                .expect("all_reduce of f8e4m3 on nccl");
+            assert_eq!(f8_bits(&got), f8_bits(&finite(world - 1)));
         });
     }
 

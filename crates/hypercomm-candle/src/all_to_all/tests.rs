@@ -1,6 +1,6 @@
 use candle_core::{DType, Device, Tensor, Var};
 
-use crate::testing::run_ranks;
+use crate::testing::{f8_bits, f8_sample, on_world, run_ranks, values};
 use crate::{Error, TensorGroup};
 
 /// Rows rank `src` sends rank `dst`: 0, 1 or 2, so some pairs exchange nothing.
@@ -18,22 +18,6 @@ fn rows(src: usize, dst: usize, cols: usize) -> Vec<f64> {
     (0..split(src, dst))
         .flat_map(|k| (0..cols).map(move |c| element(src, dst, k, c)))
         .collect()
-}
-
-fn values(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64)
-        .and_then(|t| t.flatten_all())
-        .and_then(|t| t.to_vec1())
-        .expect("values")
-}
-
-/// 4 ranks in one group (`tp_dp_cp` of a tp 2 layout holds every rank, in rank order): `f(rank, group)` on each.
-fn on_world(f: impl Fn(usize, TensorGroup) + Send + Sync + 'static) {
-    run_ranks(4, 2, move |rank, pgc| {
-        let world = TensorGroup::kind(&pgc, "tp_dp_cp").expect("world group");
-        assert_eq!(world.rank(), rank);
-        f(rank, world);
-    });
 }
 
 /// This rank's input (rows for rank 0, then rank 1, ..), shaped `[rows, 2, 3]`, and its send and receive splits.
@@ -195,5 +179,32 @@ fn splits_the_peers_disagree_on_fail_every_rank_and_leave_the_group_usable() {
             .expect("after the mismatch");
         let want: Vec<f64> = (0..4).flat_map(|s| rows(s, rank, 6)).collect();
         assert_eq!(values(&got), want);
+    });
+}
+
+#[test]
+fn f8e4m3_rows_go_by_split_sizes_bit_for_bit() {
+    // Rank `src`'s input: its rows for rank 0, then rank 1, .., 64 elements a row, so 256 and more elements hold
+    // every bit pattern (NaNs and both zeros included).
+    let input = |src: usize| {
+        let rows: usize = (0..4).map(|d| split(src, d)).sum();
+        f8_sample(src, &[rows, 64])
+    };
+    on_world(move |rank, world| {
+        let send: Vec<usize> = (0..4).map(|d| split(rank, d)).collect();
+        let recv: Vec<usize> = (0..4).map(|s| split(s, rank)).collect();
+        let got = world
+            .all_to_all_v(&input(rank), &send, &recv)
+            .expect("all_to_all_v");
+        assert_eq!(got.dtype(), DType::F8E4M3);
+        assert_eq!(got.dims(), [recv.iter().sum::<usize>(), 64]);
+        // From each rank `s`, the rows it put after those for the ranks before this one.
+        let want: Vec<u8> = (0..4)
+            .flat_map(|s| {
+                let first = (0..rank).map(|d| split(s, d)).sum();
+                f8_bits(&input(s).narrow(0, first, split(s, rank)).expect("narrow"))
+            })
+            .collect();
+        assert_eq!(f8_bits(&got), want);
     });
 }

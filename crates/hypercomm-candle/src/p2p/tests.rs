@@ -1,32 +1,7 @@
 use candle_core::{DType, Device, Tensor};
 
-use crate::testing::run_ranks;
+use crate::testing::{f8_bits, f8_sample, on_world, run_ranks, sample, values};
 use crate::{Error, TensorGroup, TensorP2p};
-
-/// Rank `rank`'s sample: `100·rank + i` for element `i`, in `dtype`.
-fn sample(rank: usize, dims: &[usize], dtype: DType) -> Tensor {
-    let n: usize = dims.iter().product();
-    let values: Vec<f64> = (0..n).map(|i| (100 * rank + i) as f64).collect();
-    Tensor::from_vec(values, dims, &Device::Cpu)
-        .and_then(|t| t.to_dtype(dtype))
-        .expect("sample")
-}
-
-fn values(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64)
-        .and_then(|t| t.flatten_all())
-        .and_then(|t| t.to_vec1())
-        .expect("values")
-}
-
-/// 4 ranks in one group (`tp_dp_cp` of a tp 2 layout holds every rank, in rank order): `f(rank, group)` on each.
-fn on_world(f: impl Fn(usize, TensorGroup) + Send + Sync + 'static) {
-    run_ranks(4, 2, move |rank, pgc| {
-        let world = TensorGroup::kind(&pgc, "tp_dp_cp").expect("world group");
-        assert_eq!(world.rank(), rank);
-        f(rank, world);
-    });
-}
 
 /// 2 ranks per group: the tp groups {0, 1} and {2, 3}; `f(rank in group, group)` on each.
 fn on_pairs(f: impl Fn(usize, TensorGroup) + Send + Sync + 'static) {
@@ -235,5 +210,38 @@ fn a_receive_that_disagrees_with_the_send_fails_and_leaves_the_message() {
         // The message waits for a receive that matches it.
         let got = pair.recv(2, DType::F32, &Device::Cpu, 0).expect("recv");
         assert_eq!(values(&got), [0.0, 1.0]);
+    });
+}
+
+#[test]
+fn f8e4m3_goes_around_the_ring_bit_for_bit() {
+    on_world(|rank, ring| {
+        let (next, prev) = ((rank + 1) % 4, (rank + 3) % 4);
+        // 256 elements: every bit pattern, NaNs and both zeros included.
+        let mine = f8_sample(rank, &[16, 16]);
+        let got = ring
+            .exchange(vec![
+                TensorP2p::send(&mine, next),
+                TensorP2p::recv((16, 16), DType::F8E4M3, &Device::Cpu, prev),
+            ])
+            .expect("exchange");
+        assert_eq!(got[1].dtype(), DType::F8E4M3);
+        assert_eq!(f8_bits(&got[1]), f8_bits(&f8_sample(prev, &[16, 16])));
+        // send and recv alone, a transposed view in its logical order: even ranks send first, odd ranks receive
+        // first, so every send meets its receive.
+        let view = mine.t().expect("t");
+        let received = if rank % 2 == 0 {
+            ring.send(&view, next).expect("send");
+            ring.recv(256, DType::F8E4M3, &Device::Cpu, prev)
+                .expect("recv")
+        } else {
+            let got = ring
+                .recv(256, DType::F8E4M3, &Device::Cpu, prev)
+                .expect("recv");
+            ring.send(&view, next).expect("send");
+            got
+        };
+        let want = f8_sample(prev, &[16, 16]).t().expect("t");
+        assert_eq!(f8_bits(&received), f8_bits(&want));
     });
 }
