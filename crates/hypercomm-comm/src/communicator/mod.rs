@@ -491,7 +491,14 @@ impl Communicator {
         let Some(mut engine) = self.shared.lane.borrow_idle() else {
             return self.barrier()?.wait();
         };
-        if let Some(fence) = self.device_fence()? {
+        let fence = match self.device_fence() {
+            Ok(fence) => fence,
+            Err(e) => {
+                self.shared.lane.give_back(engine);
+                return Err(e);
+            }
+        };
+        if let Some(fence) = fence {
             if let Err(e) = fence.synchronize() {
                 self.shared.lane.give_back(engine);
                 return Err(e);
