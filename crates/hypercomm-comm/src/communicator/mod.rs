@@ -15,11 +15,12 @@
 //! thread while nothing is queued, so the collection's closing barrier on each group costs none either.
 //!
 //! The queue and the progress thread are in `lane`; what runs a job on the host backend, in `engine`; the face's
-//! operations, in `collectives`; splits, in `splits`.
+//! operations, in `collectives`; splits, in `splits`; groups of operations issued together, in `group`.
 
 pub(crate) mod batch;
 mod collectives;
 mod engine;
+pub(crate) mod group;
 mod lane;
 pub(crate) mod splits;
 mod symmetric;
@@ -32,6 +33,7 @@ use hypercomm_store::Store;
 use crate::CommError;
 use crate::backend::Backend;
 use crate::backends::host::HostBackend;
+use crate::backends::nccl::communicator::group::GroupMark;
 use crate::backends::nccl::communicator::{DeviceCommunicator, DeviceWork};
 use crate::backends::nccl::gpu::Gpu;
 use crate::failure::{self, Context, FailureDomain, Member};
@@ -90,6 +92,8 @@ pub struct Communicator {
     windows: Option<Arc<crate::symmetric::Windows>>,
     /// The NCCL flavor, when the communicator has a GPU.
     nccl: Option<DeviceCommunicator>,
+    /// The open [`OpGroup`](group::OpGroup) the communicator is in, if any; its NCCL flavor shares it.
+    group: Arc<GroupMark>,
 }
 
 /// What a communicator shares with its [`FailureDomain`]: enough to abort it from another communicator's
@@ -254,7 +258,7 @@ impl Communicator {
                     })?
                     .with_members(ranks.clone(), me)?,
             };
-            comm.nccl = Some(nccl);
+            comm.nccl = Some(nccl.with_mark(Arc::clone(&comm.group)));
         }
         comm.options = options;
         Ok(comm)
@@ -324,6 +328,7 @@ impl Communicator {
             shrinks: AtomicU64::new(0),
             windows,
             nccl: None,
+            group: Arc::default(),
         })
     }
 
