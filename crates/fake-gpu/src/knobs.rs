@@ -91,6 +91,19 @@ pub(crate) fn trace_call(name: &str) {
     }
 }
 
+/// `FAKE_GPU_TRACE_CALLS=1` also logs every NCCL call that issues work or brackets a group, as
+/// `fake-nccl: call <name>` followed by ` on <communicator>` for a collective, send or receive, so that a test can
+/// see which calls an operation made and how they were grouped. (Polls such as `ncclCommGetAsyncError` are not
+/// logged.)
+pub(crate) fn trace_nccl_call(name: &str, comm: Option<&str>) {
+    if std::env::var_os("FAKE_GPU_TRACE_CALLS").is_some_and(|v| v == "1") {
+        match comm {
+            Some(comm) => eprintln!("fake-nccl: call {name} on {comm}"),
+            None => eprintln!("fake-nccl: call {name}"),
+        }
+    }
+}
+
 /// `FAKE_GPU_STREAM_DELAY_MS`: how long a stream's worker waits before running each piece of work (default 0), a
 /// slow GPU: work that a caller forgot to wait for then reliably runs too late, and memory released too early is
 /// reliably still in use.

@@ -26,6 +26,8 @@
 
 pub(crate) mod cuda;
 mod event;
+#[cfg(test)]
+mod group_tests;
 mod knobs;
 mod memory;
 pub(crate) mod nccl;

@@ -11,7 +11,7 @@ use nccl_sys::sys::{ncclComm_t, ncclUniqueId};
 use crate::cuda::*;
 use crate::nccl::*;
 
-fn stream() -> *mut c_void {
+pub(crate) fn stream() -> *mut c_void {
     let mut s = null_mut();
     // SAFETY: `s` is a live local.
     assert_eq!(unsafe { cuStreamCreate(&mut s, 0) }, 0);
@@ -25,14 +25,14 @@ fn event() -> *mut c_void {
     e
 }
 
-fn alloc(bytes: usize) -> u64 {
+pub(crate) fn alloc(bytes: usize) -> u64 {
     let mut a = 0;
     // SAFETY: `a` is a live local.
     assert_eq!(unsafe { cuMemAlloc_v2(&mut a, bytes) }, 0);
     a
 }
 
-fn download(addr: u64, n: usize) -> Vec<u8> {
+pub(crate) fn download(addr: u64, n: usize) -> Vec<u8> {
     let mut out = vec![0u8; n];
     // SAFETY: `addr` holds `n` bytes (allocated by the caller); `out` too; the null stream is valid.
     let r = unsafe { cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), addr, n, null_mut()) };
@@ -94,7 +94,7 @@ fn host_to_device_copies_take_their_bytes_at_the_call() {
     assert_eq!(host, [9, 9, 9]);
 }
 
-fn unique_id() -> ncclUniqueId {
+pub(crate) fn unique_id() -> ncclUniqueId {
     let mut id = ncclUniqueId { internal: [0; 128] };
     // SAFETY: `id` is a live local.
     assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, 0);
@@ -102,7 +102,7 @@ fn unique_id() -> ncclUniqueId {
 }
 
 /// Creates rank `rank` of `n` on device `rank`, non-blocking, and waits until it is ready.
-fn join(id: ncclUniqueId, rank: i32, n: i32) -> ncclComm_t {
+pub(crate) fn join(id: ncclUniqueId, rank: i32, n: i32) -> ncclComm_t {
     cuCtxSetCurrent(std::ptr::without_provenance_mut(rank as usize + 1));
     let mut config = config_initializer();
     config.blocking = 0;
@@ -116,14 +116,14 @@ fn join(id: ncclUniqueId, rank: i32, n: i32) -> ncclComm_t {
 }
 
 /// What `ncclCommGetAsyncError` answers for `c` now.
-fn state(c: ncclComm_t) -> u32 {
+pub(crate) fn state(c: ncclComm_t) -> u32 {
     let mut state = 0;
     // SAFETY: `c` is live; `state` a live local.
     assert_eq!(unsafe { ncclCommGetAsyncError(c, &mut state) }, 0);
     state
 }
 
-fn settle(c: ncclComm_t) {
+pub(crate) fn settle(c: ncclComm_t) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         match state(c) {
@@ -225,7 +225,7 @@ fn two_ranks_on_one_device_are_refused_before_nccl_2_30() {
 }
 
 /// Enqueues an all-reduce (sum) of the one `f32` at `buf` on `c` and `s`; NCCL's answer.
-fn sum_in_place(buf: u64, c: ncclComm_t, s: *mut c_void) -> u32 {
+pub(crate) fn sum_in_place(buf: u64, c: ncclComm_t, s: *mut c_void) -> u32 {
     // SAFETY: `buf` holds one f32 until the stream has run the call (the callers synchronise before freeing);
     // `c` and `s` are live.
     unsafe {
@@ -241,7 +241,7 @@ fn sum_in_place(buf: u64, c: ncclComm_t, s: *mut c_void) -> u32 {
     }
 }
 
-fn upload_f32(buf: u64, v: f32, s: *mut c_void) {
+pub(crate) fn upload_f32(buf: u64, v: f32, s: *mut c_void) {
     let bytes = v.to_le_bytes();
     // SAFETY: `buf` holds 4 bytes; the copy takes the host bytes at the call; the stream is live.
     let r = unsafe { cuMemcpyHtoDAsync_v2(buf, bytes.as_ptr().cast(), 4, s) };

@@ -13,7 +13,8 @@
 //!    returns a [`Work`] handle that gives the same buffers back: [`Work::wait`] blocks until done,
 //!    [`Work::wait_on`] orders a CUDA stream after a device operation instead. Several may be in flight; on one
 //!    flavor they complete in issue order, except host sends and receives issued back to back, which progress
-//!    together and complete each on its own.
+//!    together and complete each on its own. An [`OpGroup`] issues operations on one or several communicators
+//!    together, on device buffers as one NCCL group.
 //! 4. On failure, a dead or stalled rank makes every other rank's operations fail within the timeout with an error
 //!    naming the communicator, its members and the missing ranks, all as member ids (the ids passed to
 //!    [`Communicator::new`]); the communicator is then broken and [`Communicator::abort`] releases it. Ranks stopped
@@ -51,6 +52,7 @@ mod work;
 
 pub use buffer::{Buffer, Location};
 pub use communicator::batch::P2p;
+pub use communicator::group::OpGroup;
 pub use communicator::splits::Splits;
 pub use communicator::{Communicator, InOut};
 pub use element::{DType, Element, ReduceOp, as_bytes, as_bytes_mut};

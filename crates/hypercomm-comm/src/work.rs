@@ -23,7 +23,9 @@ use crate::host_work::HostWork;
 /// The pending result of an operation: the buffers it took, or the error that stopped it.
 ///
 /// Operations on one communicator and one flavor complete in the order they were issued, except host sends and
-/// receives issued back to back, which progress together and complete each on its own.
+/// receives issued back to back, which progress together and complete each on its own. A device operation issued
+/// inside an [`OpGroup`](crate::OpGroup) starts only when the group ends: until then it is not completed, and
+/// waiting on it fails at once rather than hang.
 #[must_use = "an operation's buffers come back only through wait() or wait_on()"]
 pub struct Work<R> {
     flavor: Flavor<R>,

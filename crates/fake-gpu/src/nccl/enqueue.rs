@@ -1,6 +1,14 @@
 //! Issuing collectives and point-to-point calls: checked and numbered when called, held by an open group, and
 //! queued on their stream to run when it reaches them ([`super::ops`]). A communicator's first one connects its
 //! peers, and does not settle before every rank has come to its own first one ([`connect`]).
+//!
+//! Groups are NCCL's: per thread, nested (only the outermost `ncclGroupEnd` issues), over any number of
+//! communicators, whose first uses connect together and whose work is queued in an order every rank shares, so
+//! that no order of the calls across ranks waits on another, even on one stream. As in
+//! NCCL, a call that fails inside a group fails the group: the outermost `ncclGroupEnd` answers its error and
+//! issues none of the group's calls (NCCL's `ncclGroupError`); and blocking and non-blocking communicators are not
+//! allowed in one group (NCCL's "Blocking and nonblocking communicators are not allowed in the same group"): such
+//! a call is refused with `ncclInvalidArgument`, and fails its group.
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
@@ -20,6 +28,10 @@ use crate::{knobs, stream};
 struct Group {
     depth: u32,
     calls: Vec<(usize, Issued)>,
+    /// Whether the group's communicators are non-blocking, fixed by its first call.
+    non_blocking: Option<bool>,
+    /// The first call of the group that failed: the group fails with it.
+    error: Option<ncclResult_t>,
 }
 
 thread_local! {
@@ -47,24 +59,50 @@ fn connect(comm: &Arc<Comm>) -> ncclResult_t {
     run_job(comm, 0, move || c.await_connected())
 }
 
-/// Issues one call: checked now, queued on the stream (or held by the open group).
+/// Fails this thread's open group, if any, with `code` (the first failure sticks), and passes `code` on.
+fn fail_group(code: ncclResult_t) -> ncclResult_t {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 {
+            g.error.get_or_insert(code);
+        }
+    });
+    code
+}
+
+/// Issues one call, `name`: checked now, queued on the stream (or held by the open group).
 ///
 /// # Safety
 ///
 /// `c` is live; `s` is null or a live stream.
-unsafe fn enqueue(c: ncclComm_t, call: Call, s: cudaStream_t) -> ncclResult_t {
+unsafe fn enqueue(name: &str, c: ncclComm_t, call: Call, s: cudaStream_t) -> ncclResult_t {
     // SAFETY: the caller's contract.
     let Some(comm) = (unsafe { from_handle(c) }).cloned() else {
-        return INVALID_ARGUMENT;
+        return fail_group(INVALID_ARGUMENT);
     };
+    knobs::trace_nccl_call(name, Some(&comm.label()));
     if let Err(e) = comm.ensure_ready("a collective") {
-        return e;
+        return fail_group(e);
+    }
+    let mixed = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return false;
+        }
+        *g.non_blocking.get_or_insert(comm.non_blocking) != comm.non_blocking
+    });
+    if mixed {
+        eprintln!(
+            "fake-nccl: {name} on {}: Blocking and nonblocking communicators are not allowed in the same group.",
+            comm.label()
+        );
+        return fail_group(INVALID_ARGUMENT);
     }
     let issued = match issue(&comm, call) {
         Ok(i) => i,
         Err((code, why)) => {
             eprintln!("fake-nccl: {}: {why}", comm.label());
-            return code;
+            return fail_group(code);
         }
     };
     let in_group = GROUP.with(|g| {
@@ -106,7 +144,7 @@ macro_rules! collective {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty,)* comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
             // SAFETY: the caller's contract.
-            unsafe { enqueue(comm, $call, stream) }
+            unsafe { enqueue(stringify!($name), comm, $call, stream) }
         }
     };
 }
@@ -156,29 +194,49 @@ collective!(
 /// `ncclGroupStart`: calls on this thread are held until the matching `ncclGroupEnd`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ncclGroupStart() -> ncclResult_t {
+    knobs::trace_nccl_call("ncclGroupStart", None);
     GROUP.with(|g| g.borrow_mut().depth += 1);
     SUCCESS
 }
 
+/// What the outermost `ncclGroupEnd` takes from this thread's group: its calls, or the error of its first failed
+/// call (then its calls are dropped, never issued).
+type Ended = Result<Vec<(usize, Issued)>, ncclResult_t>;
+
 /// `ncclGroupEnd`: the outermost one queues the held calls, one batch per communicator and stream, so a
-/// group's sends and receives run together.
+/// group's sends and receives run together, the batches in an order every rank shares; a group with a failed
+/// call answers that call's error instead and issues nothing.
 #[unsafe(no_mangle)]
 pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
-    let calls = GROUP.with(|g| {
+    knobs::trace_nccl_call("ncclGroupEnd", None);
+    let ended: Option<Ended> = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return None;
         }
         g.depth -= 1;
-        Some(if g.depth == 0 {
-            std::mem::take(&mut g.calls)
-        } else {
-            Vec::new()
+        if g.depth > 0 {
+            return Some(Ok(Vec::new()));
+        }
+        let calls = std::mem::take(&mut g.calls);
+        g.non_blocking = None;
+        Some(match g.error.take() {
+            Some(e) => Err(e),
+            None => Ok(calls),
         })
     });
-    let Some(calls) = calls else {
-        eprintln!("fake-nccl: ncclGroupEnd without ncclGroupStart");
-        return INVALID_USAGE;
+    let calls = match ended {
+        None => {
+            eprintln!("fake-nccl: ncclGroupEnd without ncclGroupStart");
+            return INVALID_USAGE;
+        }
+        Some(Err(e)) => {
+            eprintln!(
+                "fake-nccl: ncclGroupEnd: a call of the group failed; none of its calls were issued"
+            );
+            return e;
+        }
+        Some(Ok(calls)) => calls,
     };
     let mut batches: Vec<(usize, Vec<Issued>)> = Vec::new();
     for (s, issued) in calls {
@@ -190,6 +248,10 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
             None => batches.push((s, vec![issued])),
         }
     }
+    // NCCL launches a group's communicators in the order of their hashes, the same on every rank, not in the
+    // order of the calls (`ncclGroupCommJoin`, NCCL 2.19 and later): ranks that call twin communicators in
+    // opposite orders, on one stream, still run them in the same order. The directory is the fake's hash.
+    batches.sort_by(|(_, a), (_, b)| a[0].comm.dir.cmp(&b[0].comm.dir));
     let mut answer = SUCCESS;
     let mut connecting = Vec::new();
     for (s, batch) in batches {

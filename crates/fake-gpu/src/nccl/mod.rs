@@ -16,6 +16,11 @@
 //!   are unaffected, and `NCCL_RUNTIME_CONNECT=0` connects at creation, as in NCCL. Seen on an H100 with NCCL
 //!   2.30.7 (`docs/gpu-validation.md`): two ranks whose first collectives were on twin communicators in opposite
 //!   orders each waited in their first enqueue for the other until both timed out, which this fake had let pass.
+//! - **Groups** ([`enqueue`]): per thread and nested, as NCCL's; the outermost `ncclGroupEnd` issues every held
+//!   call, on any number of communicators, whose first uses connect together (so no order of them across ranks
+//!   waits on another). A failed call fails its group, which then issues nothing, and blocking and non-blocking
+//!   communicators in one group are refused, as in NCCL. With `FAKE_GPU_TRACE_CALLS=1` each call that issues
+//!   work or brackets a group is logged (`fake-nccl: call <name>`).
 //! - **Validation**: configs are checked as `parseCommConfig` checks them ([`config`]), ranks and peers as
 //!   NCCL checks them, and every rank of a collective must call the same thing.
 //! - **Failures on demand**: `FAKE_NCCL_FAIL_AFTER` (and `FAKE_NCCL_FAIL_RANK`) make a communicator fail after K

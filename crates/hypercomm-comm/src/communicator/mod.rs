@@ -16,12 +16,13 @@
 //! thread while nothing is queued, so the collection's closing barrier on each group costs none either.
 //!
 //! The queue and the progress thread are in `lane`; what runs a job on the host backend, in `engine`; how sends
-//! and receives run together, in `p2p`; the face's
-//! operations, in `collectives`; splits, in `splits`.
+//! and receives run together, in `p2p`; the face's operations, in `collectives`; splits, in `splits`; groups of
+//! operations issued together, in `group`.
 
 pub(crate) mod batch;
 mod collectives;
 mod engine;
+pub(crate) mod group;
 mod lane;
 pub(crate) mod p2p;
 pub(crate) mod splits;
@@ -35,6 +36,7 @@ use hypercomm_store::Store;
 use crate::CommError;
 use crate::backend::Backend;
 use crate::backends::host::HostBackend;
+use crate::backends::nccl::communicator::group::GroupMark;
 use crate::backends::nccl::communicator::{DeviceCommunicator, DeviceWork};
 use crate::backends::nccl::gpu::Gpu;
 use crate::element::Element;
@@ -95,6 +97,8 @@ pub struct Communicator {
     windows: Option<Arc<crate::symmetric::Windows>>,
     /// The NCCL flavor, when the communicator has a GPU.
     nccl: Option<DeviceCommunicator>,
+    /// The open [`OpGroup`](group::OpGroup) the communicator is in, if any; its NCCL flavor shares it.
+    group: Arc<GroupMark>,
 }
 
 /// What a communicator shares with its [`FailureDomain`]: enough to abort it from another communicator's
@@ -259,7 +263,7 @@ impl Communicator {
                     })?
                     .with_members(ranks.clone(), me)?,
             };
-            comm.nccl = Some(nccl);
+            comm.nccl = Some(nccl.with_mark(Arc::clone(&comm.group)));
         }
         comm.options = options;
         Ok(comm)
@@ -329,6 +333,7 @@ impl Communicator {
             shrinks: AtomicU64::new(0),
             windows,
             nccl: None,
+            group: Arc::default(),
         })
     }
 
@@ -518,7 +523,14 @@ impl Communicator {
         let Some(mut engine) = self.shared.lane.borrow_idle() else {
             return self.barrier()?.wait();
         };
-        if let Some(fence) = self.device_fence()? {
+        let fence = match self.device_fence() {
+            Ok(fence) => fence,
+            Err(e) => {
+                self.shared.lane.give_back(engine);
+                return Err(e);
+            }
+        };
+        if let Some(fence) = fence {
             if let Err(e) = fence.synchronize() {
                 self.shared.lane.give_back(engine);
                 return Err(e);

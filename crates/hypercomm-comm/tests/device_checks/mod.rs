@@ -14,9 +14,12 @@
 //! - A ring exchanged in one batch of sends and receives, in both orders ([`ring_in_one_batch`]).
 //! - Twin communicators overlapping on their own streams ([`twins_overlap_in_opposite_orders`]), and a rank that
 //!   never joins the NCCL flavor ([`a_rank_that_never_joins_the_device`]).
+//! - Groups of operations issued as one NCCL group, and what a group refuses ([`groups`]).
 //! - The small steps every device test repeats ([`done`], [`all_reduced`], [`refused`], [`on_device`]).
 
 #![allow(dead_code)]
+
+pub mod groups;
 
 use std::fmt::{Debug, Display};
 use std::sync::{Arc, Barrier};

@@ -9,6 +9,7 @@
 //! - [`splits`]: a non-blocking split and shrink giving working children;
 //! - [`streams`]: results ordered without a CPU wait, twin communicators on their own streams;
 //! - [`failures`]: timeouts, aborts and asynchronous errors, reported rather than hung;
+//! - [`groups`]: operations on several communicators issued as one NCCL group, and what a group refuses;
 //! - [`placement`]: two ranks on one device (NCCL 2.30), ranks as processes;
 //! - [`raw`]: NCCL called directly on a communicator's handle, between hypercomm's operations.
 
@@ -19,6 +20,7 @@ mod fake_support;
 
 mod collectives;
 mod failures;
+mod groups;
 mod placement;
 mod raw;
 mod splits;
@@ -71,6 +73,9 @@ fn suite_ranks_as_threads() {
         "splits::fake_nonblocking_split_and_shrink_give_working_children",
         "streams::fake_results_are_ordered_without_a_cpu_wait",
         "streams::fake_all_gather_and_reduce_scatter_overlap_on_twin_communicators",
+        "groups::fake_buckets_and_broadcasts_in_one_group",
+        "groups::fake_what_a_group_refuses",
+        "groups::fake_an_operation_issued_while_its_group_ends_is_refused",
     ] {
         pass_under_fake(name, &[(DEVICES, "3")]);
     }
@@ -110,6 +115,52 @@ fn suite_two_ranks_on_one_device_with_nccl_2_30() {
 }
 
 #[test]
+fn suite_a_group_is_one_nccl_group() {
+    // Twin communicators first used in opposite orders by two rank processes, in one OpGroup: outside a group
+    // that waits until the timeout (streams::fake_opposite_first_operations_on_twins_time_out). Each rank's
+    // NCCL calls in the group's end, as the fake traces them: one ncclGroupStart, the two operations in the
+    // rank's order, one ncclGroupEnd.
+    let logs = run_as_processes_with(
+        "groups::fake_one_rank_of_twins_first_used_in_opposite_orders_in_one_group",
+        2,
+        &[
+            ("FAKE_GPU_TRACE_CALLS", "1"),
+            ("FAKE_NCCL_TIMEOUT_SECS", "30"),
+        ],
+    );
+    for (rank, log) in logs.iter().enumerate() {
+        let calls = nccl_calls_between(
+            log,
+            device_checks::groups::ENDING,
+            device_checks::groups::ENDED,
+        );
+        let gather = "ncclAllGather on dp_cp_ag/device";
+        let scatter = "ncclReduceScatter on dp_cp/device";
+        let order = if rank == 0 {
+            [gather, scatter]
+        } else {
+            [scatter, gather]
+        };
+        assert_eq!(calls.len(), 4, "rank {rank}: {calls:?}");
+        assert_eq!(calls[0], "ncclGroupStart", "rank {rank}: {calls:?}");
+        assert!(
+            calls[1].starts_with(order[0]) && calls[2].starts_with(order[1]),
+            "rank {rank}: {calls:?}"
+        );
+        assert_eq!(calls[3], "ncclGroupEnd", "rank {rank}: {calls:?}");
+    }
+}
+
+/// The NCCL calls the fake traced (`fake-nccl: call <call>`) between the lines `from` and `to` of `log`.
+fn nccl_calls_between<'a>(log: &'a str, from: &str, to: &str) -> Vec<&'a str> {
+    log.lines()
+        .skip_while(|l| l.trim() != from)
+        .take_while(|l| l.trim() != to)
+        .filter_map(|l| l.trim().strip_prefix("fake-nccl: call "))
+        .collect()
+}
+
+#[test]
 fn suite_ranks_as_processes() {
     run_as_processes("placement::fake_one_rank_of_two_processes", 2);
     // Four processes exchange 64 MiB around a ring in one batch each, in both orders of the parts.
@@ -119,6 +170,11 @@ fn suite_ranks_as_processes() {
 /// Runs the ignored test `name` as `n` rank processes under the fake (one fake device each), meeting through a TCP
 /// store; every one must pass.
 fn run_as_processes(name: &str, n: usize) {
+    run_as_processes_with(name, n, &[]);
+}
+
+/// [`run_as_processes`] with `env` set in every rank too; each rank's stderr, in rank order.
+fn run_as_processes_with(name: &str, n: usize, env: &[(&str, &str)]) -> Vec<String> {
     let server = TcpStore::server("127.0.0.1:0", ServerOptions::default()).unwrap();
     let addr = server.local_addr().to_string();
     let dir = FakeDir::new(name);
@@ -126,15 +182,17 @@ fn run_as_processes(name: &str, n: usize) {
     let children: Vec<_> = (0..n)
         .map(|rank| {
             let r = rank.to_string();
-            spawn_under_fake(
-                &dir,
-                name,
-                &[(DEVICES, &devices), ("HC_RANK", &r), ("HC_ADDR", &addr)],
-            )
+            let mut all = vec![
+                (DEVICES, devices.as_str()),
+                ("HC_RANK", &r),
+                ("HC_ADDR", &addr),
+            ];
+            all.extend_from_slice(env);
+            spawn_under_fake(&dir, name, &all)
         })
         .collect();
-    for child in children {
-        let out = child.wait_with_output().unwrap();
-        require_pass(name, &out);
-    }
+    children
+        .into_iter()
+        .map(|child| require_pass(name, &child.wait_with_output().unwrap()))
+        .collect()
 }

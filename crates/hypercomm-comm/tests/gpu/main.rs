@@ -13,7 +13,8 @@
 //! - [`one_rank`]: every collective and type, knobs, splits and shrinks, streams and events, abort and timeouts
 //!   on a one-rank communicator;
 //! - [`two_ranks`]: two ranks as threads (two GPUs, or one with NCCL 2.30): every collective, the operations the
-//!   device gained (the checks in `device_checks`, shared with `tests/fake_ranks`), twins, split and timeout;
+//!   device gained (the checks in `device_checks`, shared with `tests/fake_ranks`), twins, groups of operations,
+//!   split and timeout;
 //! - [`collections`]: process-group collections with a GPU.
 //!
 //! This file holds what they share (finding the GPU or saying why not) and the test that runs them all under
@@ -206,6 +207,7 @@ fn the_gpu_tests_pass_under_the_fake_gpu() {
     for test in [
         "two_ranks::two_ranks_run_every_collective",
         "two_ranks::two_ranks_run_every_operation_the_device_gained",
+        "two_ranks::two_ranks_issue_operations_in_groups",
     ] {
         assert!(stdout.contains(&format!("test {test} ... ok")), "{stdout}");
     }

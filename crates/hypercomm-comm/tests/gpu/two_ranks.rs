@@ -1,6 +1,6 @@
 //! Two ranks as threads, on two GPUs or on one GPU twice (NCCL 2.30 with `NCCL_MULTI_RANK_GPU_ENABLE=1`): every
-//! collective with checked values, the operations the device gained, twin communicators overlapping, a
-//! non-blocking split, and a rank that never calls.
+//! collective with checked values, the operations the device gained, twin communicators overlapping, groups of
+//! operations, a non-blocking split, and a rank that never calls.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -128,6 +128,40 @@ fn two_ranks_run_every_operation_the_device_gained() {
         device_checks::uneven_all_gather_and_reduce_scatter(&comm, &gpu, |r| [1000, 0][r % 2]);
         device_checks::uneven_all_gather_and_reduce_scatter(&comm, &gpu, |r| 300 + 700 * r);
         device_checks::barrier_orders_device_work(&comm, &gpu, 1 << 20, Duration::from_millis(200));
+    });
+}
+
+#[test]
+fn two_ranks_issue_operations_in_groups() {
+    // Megatron's coalesced bucket reduce-scatters and a round of broadcasts on two communicators as one NCCL group;
+    // twins first used in opposite orders, which outside a group wait on each other until the timeout (NCCL
+    // connects a communicator's peers on its first operation), in one group; and what a group refuses. The checks
+    // are shared with `tests/fake_ranks` (`device_checks::groups`).
+    on_two_ranks("two-rank groups", |rank, gpu, store| {
+        let dp = pair(&gpu, &store, rank, "group-dp");
+        let tp = pair(&gpu, &store, rank, "group-tp");
+        device_checks::groups::buckets_and_broadcasts(&gpu, &dp, &tp, 4, 1 << 16);
+        device_checks::groups::refusals(&gpu, &store, &dp, &tp);
+        // Bounded CTAs, as in the overlap test above: both ranks' twins may share one GPU.
+        let few = |name: &str| -> Communicator {
+            Communicator::with_gpu(
+                Arc::clone(&gpu),
+                Arc::clone(&store),
+                vec![0, 1],
+                rank,
+                CommOptions {
+                    timeout: Duration::from_secs(60),
+                    nccl: NcclOptions {
+                        max_ctas: Some(8),
+                        ..Default::default()
+                    },
+                    ..CommOptions::named(name)
+                },
+            )
+            .unwrap()
+        };
+        let (ag, dp_cp) = (few("group-dp_cp_ag"), few("group-dp_cp"));
+        device_checks::groups::twins_first_used_in_opposite_orders(&gpu, &ag, &dp_cp);
     });
 }
 

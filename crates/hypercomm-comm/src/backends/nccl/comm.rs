@@ -187,6 +187,51 @@ impl NcclComm {
         result
     }
 
+    /// Runs `f` with the live handles of `comms` (distinct communicators), in the same order, calls on every one
+    /// of them serialised for the whole of `f`: what one NCCL group over several communicators needs. The locks
+    /// are taken in address order, so that two threads locking overlapping sets cannot deadlock. Fails, without
+    /// running `f`, naming the first communicator that is broken or aborted. A fatal error of `f` breaks every
+    /// one of them: NCCL does not say which communicator of a failed group failed.
+    pub(crate) fn with_handles<R>(
+        comms: &[&NcclComm],
+        f: impl FnOnce(&[CommHandle]) -> Result<R, CommError>,
+    ) -> Result<R, CommError> {
+        for comm in comms {
+            comm.fail_if_broken()?;
+        }
+        let mut order: Vec<usize> = (0..comms.len()).collect();
+        order.sort_by_key(|&i| std::ptr::from_ref(comms[i]) as usize);
+        let mut guards: Vec<Option<MutexGuard<'_, Option<CommHandle>>>> =
+            comms.iter().map(|_| None).collect();
+        for i in order {
+            guards[i] = Some(lock(&comms[i].handle));
+        }
+        let handles = guards
+            .iter()
+            .zip(comms)
+            .map(|(guard, comm)| {
+                guard
+                    .as_deref()
+                    .copied()
+                    .flatten()
+                    .ok_or_else(|| CommError::Broken {
+                        comm: comm.name.clone(),
+                        cause: "the communicator was aborted".into(),
+                    })
+            })
+            .collect::<Result<Vec<CommHandle>, CommError>>()?;
+        let result = f(&handles);
+        drop(guards);
+        if let Err(e) = &result
+            && e.is_fatal()
+        {
+            for comm in comms {
+                comm.fail(e);
+            }
+        }
+        result
+    }
+
     /// Polls `ncclCommGetAsyncError`: `Ok(true)` when idle and healthy, `Ok(false)` while still in progress.
     /// An asynchronous error breaks the communicator.
     pub(crate) fn poll(&self, during: &str) -> Result<bool, CommError> {

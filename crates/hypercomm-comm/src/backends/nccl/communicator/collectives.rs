@@ -1,5 +1,6 @@
 //! The NCCL flavor's executor: an [`Op`] the face has checked becomes NCCL calls on the communicator's stream (the
-//! buffers' addresses taken there, an NCCL group for several calls, the handle's event after).
+//! buffers' addresses taken there, an NCCL group for several calls, the handle's event after), or, while the
+//! communicator is in an [`OpGroup`](crate::OpGroup), calls recorded for the group's end (see `group`).
 
 use std::sync::Arc;
 
@@ -62,6 +63,39 @@ impl DeviceCommunicator {
         Ok(())
     }
 
+    /// Runs `calls` on this communicator's stream and wraps `value` (and the staging buffers in `keep`, which must
+    /// outlive the work) in the operation's handle: enqueued now, with the handle's event after them, or, while
+    /// the communicator is in an open group, recorded for the group's end, with a handle that completes once the
+    /// group has issued them. The addresses in `calls` are taken as [`enqueue`](Self::enqueue) requires.
+    pub(super) fn issue<R: Send + 'static>(
+        &self,
+        calls: &[Call],
+        value: R,
+        keep: Vec<DeviceBuffer<u8>>,
+    ) -> Result<DeviceWork<R>, CommError> {
+        let Some(group) = self.mark.current() else {
+            self.enqueue(calls)?;
+            return self.finish(value, keep);
+        };
+        let deferred = group.record(
+            &self.comm,
+            &self.stream,
+            &self.gpu,
+            calls.to_vec(),
+            value,
+            keep,
+        )?;
+        Ok(DeviceWork {
+            value: None,
+            event: None,
+            deferred: Some(deferred),
+            stream: Arc::clone(&self.stream),
+            comm: Arc::clone(&self.comm),
+            gpu: Arc::clone(&self.gpu),
+            _keep: Vec::new(),
+        })
+    }
+
     /// Records the handle's event after everything enqueued so far on the stream, and wraps `value` (and the
     /// staging buffers in `keep`, which must outlive the work).
     pub(super) fn finish<R>(
@@ -77,6 +111,7 @@ impl DeviceCommunicator {
         Ok(DeviceWork {
             value: Some(value),
             event: Some(event),
+            deferred: None,
             stream: Arc::clone(&self.stream),
             comm: Arc::clone(&self.comm),
             gpu: Arc::clone(&self.gpu),
@@ -94,8 +129,8 @@ impl DeviceCommunicator {
         self.check_device("buffer", &buf)?;
         let count = buf.len();
         let p = buf.address_on(&self.stream);
-        self.enqueue(make(p, count)?.as_ref())?;
-        self.finish(buf, Vec::new())
+        let calls = make(p, count)?;
+        self.issue(calls.as_ref(), buf, Vec::new())
     }
 
     /// Runs the calls `make` builds from the addresses of `input` (read) and `output` (written), with both
@@ -110,12 +145,15 @@ impl DeviceCommunicator {
         self.check_device("output", &output)?;
         let s = input.address_on(&self.stream);
         let r = output.address_on(&self.stream);
-        self.enqueue(make(s, r)?.as_ref())?;
-        self.finish((input, output), Vec::new())
+        let calls = make(s, r)?;
+        self.issue(calls.as_ref(), (input, output), Vec::new())
     }
 
     /// A handle whose event follows the work enqueued so far: what a barrier on a communicator with a GPU waits for.
+    /// Refused while the communicator is in an open group, whose operations are enqueued only at its end: a fence
+    /// now would not follow them.
     pub(crate) fn fence(&self) -> Result<DeviceWork<()>, CommError> {
+        self.refuse_in_group("a barrier (which waits for the device work issued before it)")?;
         self.finish((), Vec::new())
     }
 
@@ -190,8 +228,7 @@ impl DeviceCommunicator {
                 }
             })
             .collect();
-        self.enqueue(&calls)?;
-        self.finish(bufs, Vec::new()).map(Work::from)
+        self.issue(&calls, bufs, Vec::new()).map(Work::from)
     }
 
     /// The NCCL calls that run `op` over buffers of `shape` at device addresses `send` (read) and `recv`

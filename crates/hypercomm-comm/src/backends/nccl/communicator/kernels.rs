@@ -13,7 +13,9 @@ use crate::{CommError, Work};
 impl DeviceCommunicator {
     /// All-reduce in place over the elements of `view` in `buf`. A contiguous view runs directly on its part of
     /// the buffer; any other is packed into a staging buffer, reduced there, and unpacked back into the view, so
-    /// the result always lands in the caller's elements.
+    /// the result always lands in the caller's elements. Inside an open [`OpGroup`](crate::OpGroup) only a
+    /// contiguous view is taken: the kernels around the reduction of any other would run before the group issues
+    /// it.
     pub fn all_reduce_strided<T: Element>(
         &self,
         mut buf: DeviceBuffer<T>,
@@ -37,6 +39,9 @@ impl DeviceCommunicator {
                 .one_buffer(buf, |p, _| Ok([reduce(p + offset)]))
                 .map(Work::from);
         }
+        // The pack and unpack kernels run when they are launched, so the reduction between them cannot wait for a
+        // group's end.
+        self.refuse_in_group("all_reduce_strided of a view that is not contiguous")?;
         let kernels = self.gpu.kernels()?;
         let mut staging = self.gpu.alloc_zeros::<u8>(view.len() * width)?;
         let (pack, unpack) = match (kernels.pack(width), kernels.unpack(width)) {

@@ -32,6 +32,9 @@ pub struct DeviceCommunicator {
     options: CommOptions,
     ranks: Vec<usize>,
     rank: usize,
+    /// The open [`OpGroup`](crate::OpGroup) the communicator is in, shared with its face: while it holds one,
+    /// operations are recorded for the group's end instead of enqueued.
+    mark: Arc<GroupMark>,
 }
 
 impl std::fmt::Debug for DeviceCommunicator {
@@ -45,9 +48,11 @@ impl std::fmt::Debug for DeviceCommunicator {
     }
 }
 mod collectives;
+pub(crate) mod group;
 mod kernels;
 mod work;
 
+use group::GroupMark;
 pub(crate) use work::DeviceWork;
 
 impl DeviceCommunicator {
@@ -107,7 +112,33 @@ impl DeviceCommunicator {
             options,
             ranks,
             rank,
+            mark: Arc::default(),
         })
+    }
+
+    /// This communicator with `mark` as its group mark: the face's, so that a group over the face groups the
+    /// device operations too.
+    pub(crate) fn with_mark(mut self, mark: Arc<GroupMark>) -> Self {
+        self.mark = mark;
+        self
+    }
+
+    /// Whether NCCL calls on it are non-blocking (`NcclOptions::blocking` unset or false).
+    pub(crate) fn non_blocking(&self) -> bool {
+        self.comm.non_blocking
+    }
+
+    /// Refuses `what` while the communicator is in an open group, saying why: `what` would run at once, before
+    /// the operations the group issues only at its end.
+    fn refuse_in_group(&self, what: &str) -> Result<(), CommError> {
+        match self.mark.current() {
+            Some(group) => Err(self.invalid(format!(
+                "{what} inside an open OpGroup (over {}): the group issues its operations only when it ends, so \
+                 this would run before them; call it after OpGroup::end",
+                group.label()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// This communicator with its member list given as `members` (for instance the global ranks of a split
@@ -196,7 +227,9 @@ impl DeviceCommunicator {
     /// Runs `f` with the raw NCCL communicator and the loaded NCCL, for calls hypercomm does not make (an NCCL
     /// function it does not wrap, a baseline that calls `ncclAllReduce` directly). `f` runs under the lock that
     /// serialises every call on this communicator, so no operation of hypercomm's overlaps it; it fails, without
-    /// running `f`, with [`CommError::Broken`] once the communicator is broken or aborted.
+    /// running `f`, with [`CommError::Broken`] once the communicator is broken or aborted, and with
+    /// [`CommError::InvalidArgument`] while it is in an open [`OpGroup`](crate::OpGroup), whose operations are
+    /// enqueued only at its end, after anything `f` would enqueue now.
     ///
     /// Work `f` enqueues belongs on [`stream`](Self::stream), the stream hypercomm's own operations run on, so
     /// that stream order keeps it and them apart. Device buffers give their address for that stream through
@@ -245,6 +278,7 @@ impl DeviceCommunicator {
         &self,
         f: impl FnOnce(nccl_sys::sys::ncclComm_t, &nccl_sys::Nccl) -> R,
     ) -> Result<R, CommError> {
+        self.refuse_in_group("with_raw_comm")?;
         let nccl = self.gpu.runtime().nccl();
         self.comm.with_handle(|h| Ok(f(h.0, nccl)))
     }
