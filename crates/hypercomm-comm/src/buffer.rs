@@ -139,6 +139,7 @@ impl<T: Element> sealed::Flavored for Vec<T> {
                 .map(|(buf, m)| Part {
                     peer: m.peer,
                     tag: m.tag,
+                    op: None,
                     payload: if m.send {
                         Payload::Out(as_bytes(buf))
                     } else {

@@ -46,12 +46,15 @@ fn expected(op: ReduceOp, n: usize, i: usize, integer: bool) -> f64 {
         ReduceOp::Min => vals.iter().cloned().fold(f64::MAX, f64::min),
         ReduceOp::Avg if integer => (vals.iter().sum::<f64>() / n as f64).floor(),
         ReduceOp::Avg => vals.iter().sum::<f64>() / n as f64,
+        ReduceOp::PreMulSum(s) => vals.iter().map(|v| v * s.value()).sum(),
     }
 }
 
 fn check_type<T: Exact>(comm: &Communicator, gpu: &Arc<Gpu>, integer: bool) {
     let (n, r) = (comm.size(), comm.rank());
-    for op in ReduceOp::ALL {
+    // A factor every type holds, and for floats one that divides: both exact over these values.
+    let factor = ReduceOp::pre_mul_sum(if integer { 3.0 } else { 0.25 });
+    for op in ReduceOp::ALL.into_iter().chain([factor]) {
         let data: Vec<T> = (0..7).map(|i| T::of(value(r, i))).collect();
         let want: Vec<T> = (0..7).map(|i| T::of(expected(op, n, i, integer))).collect();
         assert_eq!(
