@@ -70,6 +70,11 @@ macro_rules! int_elem {
                         let s = wrap(xs.iter().map(|&x| x as i128).sum::<i128>());
                         (s as i128 / xs.len() as i128) as $t
                     }
+                    // The factor as a value of the type (a whole number), then wrapping as Sum.
+                    ReduceOp::PreMulSum(f) => {
+                        let f = f.value() as $t as i128;
+                        wrap(xs.iter().map(|&x| x as i128 * f).sum::<i128>())
+                    }
                 }
             }
         }
@@ -90,6 +95,11 @@ macro_rules! float_elem {
                     ReduceOp::Min => xs.iter().cloned().fold(f64::INFINITY, f64::min),
                     ReduceOp::Max => xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
                     ReduceOp::Avg => xs.iter().sum::<f64>() / xs.len() as f64,
+                    // The factor rounded to the type first, as the reduction takes it.
+                    ReduceOp::PreMulSum(f) => {
+                        let f = $to($from(f.value()));
+                        xs.iter().map(|x| x * f).sum()
+                    }
                 };
                 $from(r)
             }

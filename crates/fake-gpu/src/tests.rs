@@ -360,3 +360,122 @@ fn a_blocking_first_collective_waits_in_the_call_for_every_rank() {
         waited[0]
     );
 }
+
+/// Rank `rank` of `n` on device `rank`, blocking.
+fn join_blocking(id: ncclUniqueId, rank: i32, n: i32) -> ncclComm_t {
+    cuCtxSetCurrent(std::ptr::without_provenance_mut(rank as usize + 1));
+    let mut c = null_mut();
+    // SAFETY: `c` is a live local; no config means blocking.
+    assert_eq!(unsafe { ncclCommInitRank(&mut c, n, id, rank) }, 0);
+    c
+}
+
+/// `ncclRedOpCreatePreMulSum` of one host-immediate `f32` on `c`: NCCL's answer and the operator.
+fn pre_mul_sum_f32(scalar: f32, residence: u32, c: ncclComm_t) -> (u32, u32) {
+    let mut op = 0;
+    let mut value = scalar;
+    // SAFETY: `op` and `value` are live locals; `c` is live.
+    let r = unsafe { ncclRedOpCreatePreMulSum(&mut op, (&raw mut value).cast(), 7, residence, c) };
+    (r, op)
+}
+
+/// Enqueues an in-place all-reduce of `count` elements of `dtype` at `buf` with `op`; NCCL's answer.
+fn all_reduce_with(
+    buf: u64,
+    count: usize,
+    dtype: u32,
+    op: u32,
+    c: ncclComm_t,
+    s: *mut c_void,
+) -> u32 {
+    // SAFETY: `buf` holds `count` elements until the stream has run the call (the callers synchronise first);
+    // `c` and `s` are live.
+    unsafe {
+        ncclAllReduce(
+            buf as *const c_void,
+            buf as *mut c_void,
+            count,
+            dtype,
+            op,
+            c,
+            s.cast(),
+        )
+    }
+}
+
+#[test]
+fn a_created_premulsum_belongs_to_one_communicator_and_one_type_until_destroyed() {
+    const INVALID_ARGUMENT: u32 = 4;
+    let (id, other_id) = (unique_id(), unique_id());
+    let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                scope.spawn(move || {
+                    let c = join_blocking(id, rank, 2);
+                    let other = join_blocking(other_id, rank, 2);
+                    let s = stream();
+                    let buf = alloc(8);
+                    let mine = [(rank + 1) as f32, 10.0 * (rank + 1) as f32];
+                    // SAFETY: `buf` holds 8 bytes, `mine` too; the stream is live.
+                    let r = unsafe { cuMemcpyHtoDAsync_v2(buf, mine.as_ptr().cast(), 8, s) };
+                    assert_eq!(r, 0);
+                    // Each rank its own factor, as NCCL allows: rank 0 halves, rank 1 triples.
+                    let (r, op) = pre_mul_sum_f32([0.5, 3.0][rank as usize], 1, c);
+                    assert_eq!(r, 0);
+                    assert!(op >= 5 && op <= i32::MAX as u32, "operator {op}");
+                    // Refused when issued, before any rank waits: another type, another communicator.
+                    assert_eq!(
+                        all_reduce_with(buf, 2, 2, op, c, s),
+                        INVALID_ARGUMENT,
+                        "i32"
+                    );
+                    assert_eq!(all_reduce_with(buf, 2, 7, op, other, s), INVALID_ARGUMENT);
+                    // SAFETY: `other` and `c` are live; builtin and foreign operators are refused.
+                    unsafe {
+                        assert_eq!(ncclRedOpDestroy(op, other), INVALID_ARGUMENT);
+                        assert_eq!(ncclRedOpDestroy(0, c), INVALID_ARGUMENT, "ncclSum");
+                        assert_eq!(ncclRedOpDestroy(u32::MAX, c), INVALID_ARGUMENT);
+                    }
+                    assert_eq!(all_reduce_with(buf, 2, 7, op, c, s), 0);
+                    // Destroyed as soon as the call returned, before the stream runs it: the call kept a copy.
+                    // SAFETY: `op` is `c`'s; then it is gone.
+                    unsafe {
+                        assert_eq!(ncclRedOpDestroy(op, c), 0);
+                        assert_eq!(ncclRedOpDestroy(op, c), INVALID_ARGUMENT, "twice");
+                    }
+                    assert_eq!(
+                        all_reduce_with(buf, 2, 7, op, c, s),
+                        INVALID_ARGUMENT,
+                        "destroyed"
+                    );
+                    let (r, _) = pre_mul_sum_f32(1.0, 0, c);
+                    assert_eq!(
+                        r, INVALID_ARGUMENT,
+                        "a device-resident scalar is not in the fake"
+                    );
+                    // SAFETY: live stream.
+                    assert_eq!(unsafe { cuStreamSynchronize(s) }, 0);
+                    assert_eq!(
+                        state(c),
+                        0,
+                        "the refused calls left the communicator healthy"
+                    );
+                    let bytes = download(buf, 8);
+                    // SAFETY: live, not used again.
+                    unsafe {
+                        assert_eq!(ncclCommDestroy(other), 0);
+                        assert_eq!(ncclCommDestroy(c), 0);
+                    }
+                    bytes
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // 0.5 * 1 + 3 * 2 and 0.5 * 10 + 3 * 20.
+    let want: Vec<u8> = [6.5f32, 65.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    assert_eq!(results, [want.clone(), want]);
+}

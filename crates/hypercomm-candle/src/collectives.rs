@@ -342,6 +342,49 @@ mod tests {
     }
 
     #[test]
+    fn premulsum_divides_while_it_sums() {
+        // Sharded data parallelism's reduce-scatter of gradients, averaged by a factor of 1/2 on two ranks.
+        on_tp_groups(|rank, tp, members| {
+            let me = members.iter().position(|&r| r == rank).expect("member");
+            let half = ReduceOp::pre_mul_sum(0.5);
+            for dtype in [DType::F32, DType::BF16] {
+                let got = tp
+                    .reduce_scatter(&sample(rank, &[4, 6], dtype), 0, half)
+                    .expect("reduce_scatter");
+                // The inputs as `dtype` holds them, halved and summed exactly, rounded once to `dtype`.
+                let held = |r: usize| sample(r, &[4, 6], dtype).to_dtype(DType::F64).expect("f64");
+                let mean = ((held(members[0]) + held(members[1])).expect("sum") * 0.5)
+                    .and_then(|t| t.to_dtype(dtype))
+                    .expect("mean");
+                let want = mean.narrow(0, me * 2, 2).expect("narrow");
+                assert_eq!(got.dtype(), dtype);
+                assert_eq!(values(&got), values(&want), "{dtype:?}");
+            }
+            let got = tp
+                .all_reduce(&sample(rank, &[3], DType::I64), ReduceOp::pre_mul_sum(-2.0))
+                .expect("i64 all_reduce");
+            let base = (100 * (members[0] + members[1])) as f64;
+            assert_eq!(
+                values(&got),
+                (0..3)
+                    .map(|i| -2.0 * (base + 2.0 * i as f64))
+                    .collect::<Vec<_>>()
+            );
+            // An integer tensor multiplies by whole numbers only; the refusal names the factor.
+            let err = tp
+                .all_reduce(&sample(rank, &[3], DType::I64), half)
+                .expect_err("half of an integer");
+            assert!(
+                matches!(err, Error::Comm { .. })
+                    && err
+                        .to_string()
+                        .contains("premulsum factor 0.5 is not a whole number"),
+                "{err}"
+            );
+        });
+    }
+
+    #[test]
     fn broadcast_and_async_all_reduce() {
         on_tp_groups(|rank, tp, members| {
             let got = tp

@@ -37,6 +37,9 @@ pub(crate) struct Part<'a> {
     pub peer: usize,
     /// The tag both sides name.
     pub tag: u64,
+    /// The reduction the receiver applies to what it gets, which both sides name too (the uneven
+    /// reduce-scatter's parts), so that ranks passing different ones disagree; `None` for plain messages.
+    pub op: Option<ReduceOp>,
     /// The bytes.
     pub payload: Payload<'a>,
 }
@@ -311,11 +314,13 @@ fn all_gather_v(
         parts.push(Part {
             peer: r,
             tag: UNEVEN_TAG,
+            op: None,
             payload: Payload::Out(input),
         });
         parts.push(Part {
             peer: r,
             tag: UNEVEN_TAG,
+            op: None,
             payload: Payload::In(block),
         });
     }
@@ -323,7 +328,8 @@ fn all_gather_v(
 }
 
 /// Reduce-scatter with per-rank counts on the host: block `r` of the input goes to rank `r` in one batch, and this
-/// rank reduces what arrives with its own block, in rank order.
+/// rank reduces what arrives with its own block, in rank order. Every part names `op`, so ranks that pass
+/// different reductions (or premulsum factors) fail with a mismatch rather than reduce with different ones.
 fn reduce_scatter_v(
     backend: &mut dyn Backend,
     input: &[u8],
@@ -350,11 +356,13 @@ fn reduce_scatter_v(
         parts.push(Part {
             peer: r,
             tag: UNEVEN_TAG,
+            op: Some(op),
             payload: Payload::Out(block),
         });
         parts.push(Part {
             peer: r,
             tag: UNEVEN_TAG,
+            op: Some(op),
             payload: Payload::In(&mut as_bytes_mut(theirs)[..bytes]),
         });
     }

@@ -3,6 +3,7 @@
 //! run before anything is sent and name the communicator and the offending value.
 
 use crate::CommError;
+use crate::element::{DType, ReduceOp};
 
 /// An `InvalidArgument` error for communicator `comm`.
 pub(crate) fn invalid(comm: &str, what: String) -> CommError {
@@ -10,6 +11,18 @@ pub(crate) fn invalid(comm: &str, what: String) -> CommError {
         comm: comm.to_owned(),
         what,
     }
+}
+
+/// `op` must have a meaning for elements of `dtype` in `what` (an operation's name): a premulsum's factor must
+/// be a value of the type ([`ReduceOp::check_for`]).
+pub(crate) fn reduction(
+    comm: &str,
+    what: &str,
+    op: ReduceOp,
+    dtype: DType,
+) -> Result<(), CommError> {
+    op.check_for(dtype)
+        .map_err(|why| invalid(comm, format!("{what} of {dtype}: {why}")))
 }
 
 /// This rank's position in `ranks`, the member list of communicator `comm`: `me` must be in it, and no rank

@@ -112,23 +112,45 @@ impl fmt::Display for DType {
 /// number of ranks: for floats in floating point, for integers as the wrapping integer sum divided by the rank
 /// count, rounding toward zero (so `avg(1, 2) == 1` and `avg(-1, -2) == -1`). `Min`/`Max` on floats follow
 /// `f32::min`/`f32::max`: a NaN loses against a number.
+///
+/// [`PreMulSum`](ReduceOp::PreMulSum) multiplies every rank's input by a factor, then sums: sharded data
+/// parallelism's reduce-scatter that divides while it sums (`ReduceOp::pre_mul_sum(1.0 / dp as f64)`), in one
+/// pass where `Sum` followed by a division would take two.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
 pub enum ReduceOp {
     /// Sum.
-    Sum = 1,
+    Sum,
     /// Product.
-    Prod = 2,
+    Prod,
     /// Minimum.
-    Min = 3,
+    Min,
     /// Maximum.
-    Max = 4,
+    Max,
     /// Sum divided by the number of ranks (see the type docs for integers).
-    Avg = 5,
+    Avg,
+    /// Every rank's input multiplied by the factor, then summed: `s * x0 + s * x1 + ...`, NCCL's
+    /// `ncclRedOpCreatePreMulSum`.
+    ///
+    /// The factor is an `f64` that every reduction first turns into one value of the element type, as NCCL takes
+    /// it: floats round it to the nearest value of the type (`0.1` as `f16` is `0.0999755859375`), and refuse a
+    /// factor that is not finite or that overflows the type; integers take only a whole number in the type's
+    /// range (`3.0` for `u8`; `0.25`, `-1.0` for `u32` or `300.0` for `i8` are refused, naming the factor),
+    /// and multiply and sum wrapping, as `Sum` does. Dividing integers is `Avg`'s job.
+    ///
+    /// The host flavor multiplies and sums in the accumulator (`f32` for `f16` and `bf16`, where the product of
+    /// two such values is exact) and rounds once, in rank order, as `Sum` does; NCCL rounds each product and each
+    /// partial sum to the element type, so 16-bit results may differ from the host's in the last place.
+    ///
+    /// Every rank passes the same factor. The host flavor checks that with the rest of the operation (ranks that
+    /// disagree fail with [`CommError::Mismatch`](crate::CommError::Mismatch)); NCCL does not exchange it, and
+    /// scales each rank's input by that rank's own factor. On a device the communicator creates NCCL's operator
+    /// once per element type and factor, and destroys it with the communicator.
+    PreMulSum(Scalar),
 }
 
 impl ReduceOp {
-    /// Every reduction, in tag order.
+    /// The parameterless reductions, in tag order. [`ReduceOp::PreMulSum`] takes a factor, so it is not among
+    /// them.
     pub const ALL: [ReduceOp; 5] = [
         ReduceOp::Sum,
         ReduceOp::Prod,
@@ -137,7 +159,12 @@ impl ReduceOp {
         ReduceOp::Avg,
     ];
 
-    /// The lowercase name used in messages.
+    /// [`ReduceOp::PreMulSum`] with the factor `scalar`.
+    pub const fn pre_mul_sum(scalar: f64) -> ReduceOp {
+        ReduceOp::PreMulSum(Scalar::new(scalar))
+    }
+
+    /// The lowercase name used in messages, without a factor (`"premulsum"`); `Display` shows the factor too.
     pub const fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -145,13 +172,186 @@ impl ReduceOp {
             ReduceOp::Min => "min",
             ReduceOp::Max => "max",
             ReduceOp::Avg => "avg",
+            ReduceOp::PreMulSum(_) => "premulsum",
+        }
+    }
+
+    /// The wire tag of the reduction's kind (1 to 6); the factor travels separately.
+    pub(crate) const fn tag(self) -> u32 {
+        match self {
+            ReduceOp::Sum => 1,
+            ReduceOp::Prod => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Max => 4,
+            ReduceOp::Avg => 5,
+            ReduceOp::PreMulSum(_) => 6,
+        }
+    }
+
+    /// The reduction a wire tag and factor bits name, if any: the bits must be 0 for a reduction without a factor.
+    pub(crate) fn from_tag(tag: u32, scalar_bits: u64) -> Option<ReduceOp> {
+        match tag {
+            6 => Some(ReduceOp::PreMulSum(Scalar::from_bits(scalar_bits))),
+            _ => ReduceOp::ALL
+                .into_iter()
+                .find(|o| o.tag() == tag)
+                .filter(|_| scalar_bits == 0),
+        }
+    }
+
+    /// The factor's bits for the wire: a [`ReduceOp::PreMulSum`]'s, 0 for the others.
+    pub(crate) const fn scalar_bits(self) -> u64 {
+        match self {
+            ReduceOp::PreMulSum(s) => s.to_bits(),
+            _ => 0,
+        }
+    }
+
+    /// Whether the reduction has a meaning for elements of `dtype`: a [`ReduceOp::PreMulSum`] factor must be a
+    /// value of the type ([`Scalar::element_bytes`]); every other reduction has one for every type. The error
+    /// names the factor and the rule it broke.
+    pub fn check_for(self, dtype: DType) -> Result<(), String> {
+        match self {
+            ReduceOp::PreMulSum(s) => s.element_bytes(dtype).map(|_| ()),
+            _ => Ok(()),
         }
     }
 }
 
 impl fmt::Display for ReduceOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            ReduceOp::PreMulSum(s) => write!(f, "premulsum({s})"),
+            op => f.write_str(op.name()),
+        }
+    }
+}
+
+/// The factor of a [`ReduceOp::PreMulSum`]: an `f64` held as its bits, so that a reduction stays `Copy`, `Eq`
+/// and `Hash` and two ranks agree on a factor exactly when its bits agree (`0.0` and `-0.0` differ, as do the
+/// results they give).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Scalar(u64);
+
+impl Scalar {
+    /// The factor `value`.
+    pub const fn new(value: f64) -> Scalar {
+        Scalar(value.to_bits())
+    }
+
+    /// The factor's value.
+    pub const fn value(self) -> f64 {
+        f64::from_bits(self.0)
+    }
+
+    /// The factor's bits (`f64::to_bits`).
+    pub const fn to_bits(self) -> u64 {
+        self.0
+    }
+
+    /// The factor with bits `bits` (`f64::from_bits`).
+    pub const fn from_bits(bits: u64) -> Scalar {
+        Scalar(bits)
+    }
+
+    /// The factor as one element of `dtype`: its bytes in native order, the first `dtype.size()` of the array
+    /// (the rest zero). This is the value every flavor multiplies by: the host's reduction, and the host-immediate
+    /// scalar handed to `ncclRedOpCreatePreMulSum`. Floats round the factor to the nearest value of the type;
+    /// integers take only a whole number in the type's range. The error names the factor and the rule it broke.
+    pub fn element_bytes(self, dtype: DType) -> Result<[u8; 8], String> {
+        let v = self.value();
+        let refuse = |why: String| Err(format!("premulsum factor {v} {why}"));
+        if !v.is_finite() {
+            return refuse(format!(
+                "is not a number a {dtype} reduction can multiply by"
+            ));
+        }
+        let mut out = [0u8; 8];
+        let mut put = |b: &[u8]| out[..b.len()].copy_from_slice(b);
+        if dtype.is_integer() {
+            // Exact for every whole number an integer type holds: those are below 2^64 in magnitude.
+            let whole = v as i128;
+            if whole as f64 != v {
+                return refuse(format!(
+                    "is not a whole number: {dtype} reductions multiply by whole numbers (divide with avg)"
+                ));
+            }
+            let out_of_range = || format!("is outside {dtype}'s range");
+            macro_rules! int {
+                ($t:ty) => {
+                    match <$t>::try_from(whole) {
+                        Ok(x) => put(&x.to_ne_bytes()),
+                        Err(_) => return refuse(out_of_range()),
+                    }
+                };
+            }
+            match dtype {
+                DType::I8 => int!(i8),
+                DType::U8 => int!(u8),
+                DType::I32 => int!(i32),
+                DType::I64 => int!(i64),
+                DType::U32 => int!(u32),
+                DType::U64 => int!(u64),
+                _ => return refuse(format!("has no {dtype} value")),
+            }
+            return Ok(out);
+        }
+        let (bytes, back): (Vec<u8>, f64) = match dtype {
+            DType::F32 => ((v as f32).to_ne_bytes().to_vec(), f64::from(v as f32)),
+            DType::F64 => (v.to_ne_bytes().to_vec(), v),
+            DType::F16 => {
+                let x = half::f16::from_f64(v);
+                (x.to_ne_bytes().to_vec(), x.to_f64())
+            }
+            DType::BF16 => {
+                let x = half::bf16::from_f64(v);
+                (x.to_ne_bytes().to_vec(), x.to_f64())
+            }
+            // float8 saturates where the other types overflow to infinity: compare with the largest finite
+            // values instead (E4M3FN 0x7E = 448, E5M2 0x7B = 57344).
+            DType::F8E4M3 => {
+                let x = float8::F8E4M3::from_f64(v);
+                let back = if v.abs() > 448.0 {
+                    f64::INFINITY
+                } else {
+                    x.to_f64()
+                };
+                (vec![x.to_bits()], back)
+            }
+            DType::F8E5M2 => {
+                let x = float8::F8E5M2::from_f64(v);
+                let back = if v.abs() > 57344.0 {
+                    f64::INFINITY
+                } else {
+                    x.to_f64()
+                };
+                (vec![x.to_bits()], back)
+            }
+            _ => return refuse(format!("has no {dtype} value")),
+        };
+        if !back.is_finite() {
+            return refuse(format!("overflows {dtype}"));
+        }
+        put(&bytes);
+        Ok(out)
+    }
+}
+
+impl From<f64> for Scalar {
+    fn from(value: f64) -> Scalar {
+        Scalar::new(value)
+    }
+}
+
+impl fmt::Debug for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.value(), f)
+    }
+}
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.value(), f)
     }
 }
 
@@ -243,6 +443,95 @@ mod tests {
             assert_eq!(DType::from_tag(d as u32), Some(d));
         }
         assert_eq!(DType::from_tag(0), None);
+    }
+
+    #[test]
+    fn a_premulsum_factor_becomes_one_element_of_each_type() {
+        let bytes = |f: f64, d: DType| Scalar::new(f).element_bytes(d);
+        assert_eq!(bytes(0.25, DType::F32).unwrap()[..4], 0.25f32.to_ne_bytes());
+        assert_eq!(bytes(0.1, DType::F64).unwrap(), 0.1f64.to_ne_bytes());
+        // Rounded to the nearest value of the type.
+        let tenth = half::f16::from_f64(0.1);
+        assert_eq!(bytes(0.1, DType::F16).unwrap()[..2], tenth.to_ne_bytes());
+        assert_eq!(tenth.to_f64(), 0.0999755859375);
+        assert_eq!(
+            bytes(0.1, DType::BF16).unwrap()[..2],
+            half::bf16::from_f64(0.1).to_ne_bytes()
+        );
+        assert_eq!(
+            bytes(0.5, DType::F8E4M3).unwrap()[0],
+            float8::F8E4M3::from_f64(0.5).to_bits()
+        );
+        assert_eq!(bytes(448.0, DType::F8E4M3).unwrap()[0], 0x7e);
+        assert!(
+            bytes(449.0, DType::F8E4M3)
+                .unwrap_err()
+                .contains("overflows f8e4m3")
+        );
+        assert!(bytes(57344.0, DType::F8E5M2).is_ok() && bytes(6e4, DType::F8E5M2).is_err());
+        assert!(bytes(65504.0, DType::F16).is_ok());
+        assert!(
+            bytes(1e5, DType::F16)
+                .unwrap_err()
+                .contains("overflows f16")
+        );
+        assert!(bytes(1e300, DType::F32).is_err() && bytes(1e300, DType::F64).is_ok());
+        // Integers: whole numbers in range, the rest zero.
+        assert_eq!(bytes(3.0, DType::U8).unwrap(), [3, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(bytes(-2.0, DType::I64).unwrap(), (-2i64).to_ne_bytes());
+        assert_eq!(bytes(-128.0, DType::I8).unwrap()[0], 0x80);
+        assert_eq!(
+            bytes(u64::MAX as f64 / 2.0, DType::U64).unwrap(),
+            (1u64 << 63).to_ne_bytes()
+        );
+        assert!(bytes(2f64.powi(64), DType::U64).is_err());
+        assert!(bytes(2f64.powi(63), DType::I64).is_err());
+        assert!(
+            bytes(256.0, DType::U8)
+                .unwrap_err()
+                .contains("outside u8's range")
+        );
+        assert!(
+            bytes(-1.0, DType::U32)
+                .unwrap_err()
+                .contains("premulsum factor -1 is outside")
+        );
+        assert!(
+            bytes(2.5, DType::I32)
+                .unwrap_err()
+                .contains("factor 2.5 is not a whole number")
+        );
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            for d in DType::ALL {
+                assert!(bytes(bad, d).is_err(), "{bad} as {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn reductions_name_themselves_and_round_trip_their_wire_tags() {
+        let quarter = ReduceOp::pre_mul_sum(0.25);
+        assert_eq!(quarter.to_string(), "premulsum(0.25)");
+        assert_eq!(quarter.name(), "premulsum");
+        assert_eq!(format!("{quarter:?}"), "PreMulSum(0.25)");
+        assert_eq!(ReduceOp::Avg.to_string(), "avg");
+        // Factors are equal exactly when their bits are.
+        assert_eq!(quarter, ReduceOp::PreMulSum(Scalar::from(0.25)));
+        assert_ne!(ReduceOp::pre_mul_sum(0.0), ReduceOp::pre_mul_sum(-0.0));
+        for op in ReduceOp::ALL
+            .into_iter()
+            .chain([quarter, ReduceOp::pre_mul_sum(-3.0)])
+        {
+            assert_eq!(ReduceOp::from_tag(op.tag(), op.scalar_bits()), Some(op));
+            assert!(op.check_for(DType::F32).is_ok());
+        }
+        assert_eq!(
+            ReduceOp::from_tag(1, 0.5f64.to_bits()),
+            None,
+            "a sum has no factor"
+        );
+        assert_eq!(ReduceOp::from_tag(7, 0), None);
+        assert!(quarter.check_for(DType::I32).is_err());
     }
 
     #[test]

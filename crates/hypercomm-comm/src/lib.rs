@@ -55,7 +55,7 @@ pub use communicator::batch::P2p;
 pub use communicator::group::OpGroup;
 pub use communicator::splits::Splits;
 pub use communicator::{Communicator, InOut};
-pub use element::{DType, Element, ReduceOp, as_bytes, as_bytes_mut};
+pub use element::{DType, Element, ReduceOp, Scalar, as_bytes, as_bytes_mut};
 pub use error::{Call, CommError, Fault, RootCause};
 pub use failure::FailureDomain;
 pub use nccl_options::NcclOptions;

@@ -8,7 +8,7 @@
 
 use crate::CommError;
 use crate::checks;
-use crate::element::ReduceOp;
+use crate::element::{DType, ReduceOp};
 
 /// One operation, with everything but its buffers and element type.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,10 +144,27 @@ impl Op {
 
     /// Whether the operation combines the ranks' values (rather than only moving them).
     pub fn reduces(&self) -> bool {
-        matches!(
-            self,
-            Op::AllReduce(_) | Op::Reduce { .. } | Op::ReduceScatter(_) | Op::ReduceScatterV { .. }
-        )
+        self.reduction().is_some()
+    }
+
+    /// How the operation combines the ranks' values, when it does.
+    pub fn reduction(&self) -> Option<ReduceOp> {
+        match self {
+            Op::AllReduce(op)
+            | Op::Reduce { op, .. }
+            | Op::ReduceScatter(op)
+            | Op::ReduceScatterV { op, .. } => Some(*op),
+            _ => None,
+        }
+    }
+
+    /// Checks that the operation's reduction, if any, has a meaning for elements of `dtype` (a premulsum's factor
+    /// must be a value of the type). Runs once with [`check`](Self::check), before any flavor.
+    pub fn check_elements(&self, comm: &str, dtype: DType) -> Result<(), CommError> {
+        match self.reduction() {
+            Some(op) => checks::reduction(comm, self.name(), op, dtype),
+            None => Ok(()),
+        }
     }
 
     /// Checks the operation's local arguments on `group` with buffers of `shape`: roots and peers are ranks,
@@ -326,6 +343,35 @@ mod tests {
         assert!(err(Op::Recv { peer: 9, tag: 0 }, Shape::InPlace(1)).contains("peer 9"));
         assert!(
             err(Op::Gather { root: 0 }, Shape::InPlace(1)).contains("gather does not take one")
+        );
+    }
+
+    #[test]
+    fn a_premulsum_factor_must_be_a_value_of_the_element_type() {
+        let op = |f| Op::ReduceScatter(ReduceOp::pre_mul_sum(f));
+        assert!(op(0.25).check_elements("g", DType::BF16).is_ok());
+        assert!(op(3.0).check_elements("g", DType::U8).is_ok());
+        let refused = |op: Op, dtype| {
+            op.check_elements("g", dtype)
+                .expect_err("must be refused")
+                .to_string()
+        };
+        let e = refused(op(0.25), DType::I32);
+        assert!(
+            e.contains("reduce_scatter of i32: premulsum factor 0.25 is not a whole number"),
+            "{e}"
+        );
+        assert!(refused(op(-1.0), DType::U32).contains("factor -1 is outside u32's range"));
+        assert!(refused(op(300.0), DType::I8).contains("outside i8's range"));
+        assert!(refused(op(1e6), DType::F16).contains("factor 1000000 overflows f16"));
+        assert!(refused(op(f64::NAN), DType::F64).contains("factor NaN is not a number"));
+        assert!(refused(op(500.0), DType::F8E4M3).contains("overflows f8e4m3"));
+        // Operations that do not reduce, and reductions without a factor, have nothing to check.
+        assert!(Op::AllGather.check_elements("g", DType::I8).is_ok());
+        assert!(
+            Op::AllReduce(ReduceOp::Avg)
+                .check_elements("g", DType::I8)
+                .is_ok()
         );
     }
 }

@@ -1,13 +1,13 @@
 //! Local reductions: combine the contributions of several ranks into one buffer.
 //!
 //! Every reduction is a left fold over the ranks' values in rank order: `op(op(op(r0, r1), r2), ...)`, element by
-//! element. Rank order is fixed, so every rank that reduces the same inputs gets bit-identical results. One or
-//! two contributions (every two-rank step) take a single pass that reads both and writes the result; more go
-//! through an accumulator block that stays in L1, the last contribution combined on the way out. `f16` and `bf16`
-//! accumulate in `f32` and round once when stored. The inner loops are plain zipped iterations that the compiler
-//! vectorises.
+//! element; a premulsum first multiplies each rank's value by its factor (`s*r0 + s*r1 + ...`). Rank order is
+//! fixed, so every rank that reduces the same inputs gets bit-identical results. One or two contributions (every
+//! two-rank step) take a single pass that reads both and writes the result; more go through an accumulator block
+//! that stays in L1, the last contribution combined on the way out. `f16` and `bf16` accumulate in `f32` and round
+//! once when stored. The inner loops are plain zipped iterations that the compiler vectorises.
 
-use crate::element::{DType, Element, ReduceOp, typed, typed_mut};
+use crate::element::{DType, Element, ReduceOp, Scalar, as_bytes_mut, typed, typed_mut};
 
 /// Elements per accumulator block.
 const BLOCK: usize = 1024;
@@ -31,10 +31,13 @@ pub(crate) enum ReduceFault {
     Length { expected: usize, got: usize },
     /// The host does not reduce this type (the 8-bit floats; the face refuses such calls before they run).
     Unsupported(DType),
+    /// A premulsum factor that is no value of the element type (the face refuses such calls before they run).
+    Scalar(String),
 }
 
 /// Reduces `srcs` (one per contributing rank, in rank order) into `out` with `op`. `ranks` is the divisor for
-/// [`ReduceOp::Avg`].
+/// [`ReduceOp::Avg`]. A [`ReduceOp::PreMulSum`] multiplies by its factor as a value of `dtype`
+/// ([`Scalar::element_bytes`](crate::element::Scalar::element_bytes)).
 pub(crate) fn reduce(
     dtype: DType,
     op: ReduceOp,
@@ -161,67 +164,86 @@ enum Left<'a, T: Kernel> {
     Out,
 }
 
-/// The pass that writes `out`: `out[j] = narrow(finish(op(left[j], right[j])))`, where `right: None` is the
-/// output's own values. Reading and writing `out[j]` in the same step is how in-place sources stay a single pass.
+/// How one reduction treats the values: `pre` on each rank's value as it is read (a premulsum's factor; the
+/// identity otherwise), `op` to combine two, `finish` on the combined value before it is stored.
+#[derive(Clone, Copy)]
+struct Steps<P, O, F> {
+    pre: P,
+    op: O,
+    finish: F,
+}
+
+/// The pass that writes `out`: `out[j] = narrow(finish(op(left[j], pre(right[j]))))`, where `right: None` is the
+/// output's own values and `left` is read through `pre` unless it is the accumulator (which holds values that
+/// went through it already). Reading and writing `out[j]` in the same step is how in-place sources stay a single
+/// pass.
 #[inline(always)]
-fn final_pass<T: Kernel>(
+fn final_pass<T: Kernel, P, O, F>(
     left: Left<'_, T>,
     right: Option<&[T]>,
     out: &mut [T],
-    op: impl Fn(T::A, T::A) -> T::A + Copy,
-    finish: impl Fn(T::A) -> T::A + Copy,
-) {
+    steps: Steps<P, O, F>,
+) where
+    P: Fn(T::A) -> T::A + Copy,
+    O: Fn(T::A, T::A) -> T::A + Copy,
+    F: Fn(T::A) -> T::A + Copy,
+{
+    let Steps { pre, op, finish } = steps;
     let f = |a: T::A, b: T::A| T::narrow(finish(op(a, b)));
+    let read = |x: T| pre(x.widen());
     match (left, right) {
         (Left::Acc(acc), Some(r)) => out
             .iter_mut()
             .zip(acc.iter().zip(r))
-            .for_each(|(o, (a, b))| *o = f(*a, b.widen())),
+            .for_each(|(o, (a, b))| *o = f(*a, read(*b))),
         (Left::Acc(acc), None) => out
             .iter_mut()
             .zip(acc)
-            .for_each(|(o, a)| *o = f(*a, o.widen())),
+            .for_each(|(o, a)| *o = f(*a, read(*o))),
         (Left::View(l), Some(r)) => out
             .iter_mut()
             .zip(l.iter().zip(r))
-            .for_each(|(o, (a, b))| *o = f(a.widen(), b.widen())),
+            .for_each(|(o, (a, b))| *o = f(read(*a), read(*b))),
         (Left::View(l), None) => out
             .iter_mut()
             .zip(l)
-            .for_each(|(o, a)| *o = f(a.widen(), o.widen())),
+            .for_each(|(o, a)| *o = f(read(*a), read(*o))),
         (Left::Out, Some(r)) => out
             .iter_mut()
             .zip(r)
-            .for_each(|(o, b)| *o = f(o.widen(), b.widen())),
+            .for_each(|(o, b)| *o = f(read(*o), read(*b))),
         // Only this rank's source is the output, so it appears once; two `Out`s would combine it with itself.
-        (Left::Out, None) => out.iter_mut().for_each(|o| *o = f(o.widen(), o.widen())),
+        (Left::Out, None) => out.iter_mut().for_each(|o| *o = f(read(*o), read(*o))),
     }
 }
 
-/// Combines `views` (rank order; `None` is the output's own values) into `out` with `op`, then `finish`.
+/// Combines `views` (rank order; `None` is the output's own values) into `out` by `steps`: each value through
+/// `pre`, combined with `op`, the result through `finish`.
 ///
 /// One or two sources take a single streaming pass. More go block by block through an accumulator that stays in
 /// L1: the first two combined into it, the middle ones folded in, the last one combined on the way out. The
 /// operations and their order are those of a left fold over the ranks whatever the count.
 #[inline(always)]
-fn fold<T: Kernel>(
-    views: &[Option<&[T]>],
-    out: &mut [T],
-    op: impl Fn(T::A, T::A) -> T::A + Copy,
-    finish: impl Fn(T::A) -> T::A + Copy,
-) {
+fn fold<T: Kernel, P, O, F>(views: &[Option<&[T]>], out: &mut [T], steps: Steps<P, O, F>)
+where
+    P: Fn(T::A) -> T::A + Copy,
+    O: Fn(T::A, T::A) -> T::A + Copy,
+    F: Fn(T::A) -> T::A + Copy,
+{
+    let Steps { pre, op, finish } = steps;
+    let read = |x: T| pre(x.widen());
     match views {
         [] => {}
         [Some(v)] => out
             .iter_mut()
             .zip(*v)
-            .for_each(|(o, s)| *o = T::narrow(finish(s.widen()))),
+            .for_each(|(o, s)| *o = T::narrow(finish(read(*s)))),
         [None] => out
             .iter_mut()
-            .for_each(|o| *o = T::narrow(finish(o.widen()))),
+            .for_each(|o| *o = T::narrow(finish(read(*o)))),
         [first, second] => {
             let left = first.map_or(Left::Out, Left::View);
-            final_pass::<T>(left, *second, out, op, finish);
+            final_pass::<T, P, O, F>(left, *second, out, steps);
         }
         [first, second, middle @ .., last] => {
             let mut acc = [T::A::default(); BLOCK];
@@ -235,19 +257,18 @@ fn fold<T: Kernel>(
                 let b: &[T] = second.map_or(&*block, |v| &v[start..end]);
                 acc.iter_mut()
                     .zip(a.iter().zip(b))
-                    .for_each(|(x, (p, q))| *x = op(p.widen(), q.widen()));
+                    .for_each(|(x, (p, q))| *x = op(read(*p), read(*q)));
                 for m in middle {
                     let src: &[T] = m.map_or(&*block, |v| &v[start..end]);
                     acc.iter_mut()
                         .zip(src)
-                        .for_each(|(x, s)| *x = op(*x, s.widen()));
+                        .for_each(|(x, s)| *x = op(*x, read(*s)));
                 }
-                final_pass::<T>(
+                final_pass::<T, P, O, F>(
                     Left::Acc(acc),
                     last.map(|v| &v[start..end]),
                     block,
-                    op,
-                    finish,
+                    steps,
                 );
                 start = end;
             }
@@ -270,15 +291,77 @@ fn reduce_typed<T: Kernel>(
         });
     }
     // The operator is chosen once, outside the loops, so that each loop is compiled (and vectorised) for it.
-    let keep = |a| a;
+    let keep = |a: T::A| a;
+    let add = |a: T::A, b: T::A| a.add(b);
     match op {
-        ReduceOp::Sum => fold::<T>(&views, out, |a, b| a.add(b), keep),
-        ReduceOp::Avg => fold::<T>(&views, out, |a, b| a.add(b), |a| a.div_ranks(ranks)),
-        ReduceOp::Prod => fold::<T>(&views, out, |a, b| a.mul(b), keep),
-        ReduceOp::Min => fold::<T>(&views, out, |a, b| a.min(b), keep),
-        ReduceOp::Max => fold::<T>(&views, out, |a, b| a.max(b), keep),
+        ReduceOp::Sum => fold(
+            &views,
+            out,
+            Steps {
+                pre: keep,
+                op: add,
+                finish: keep,
+            },
+        ),
+        ReduceOp::Avg => fold(
+            &views,
+            out,
+            Steps {
+                pre: keep,
+                op: add,
+                finish: |a: T::A| a.div_ranks(ranks),
+            },
+        ),
+        ReduceOp::Prod => fold(
+            &views,
+            out,
+            Steps {
+                pre: keep,
+                op: |a: T::A, b| a.mul(b),
+                finish: keep,
+            },
+        ),
+        ReduceOp::Min => fold(
+            &views,
+            out,
+            Steps {
+                pre: keep,
+                op: |a: T::A, b| a.min(b),
+                finish: keep,
+            },
+        ),
+        ReduceOp::Max => fold(
+            &views,
+            out,
+            Steps {
+                pre: keep,
+                op: |a: T::A, b| a.max(b),
+                finish: keep,
+            },
+        ),
+        ReduceOp::PreMulSum(s) => {
+            let factor = factor::<T>(s)?;
+            let pre = move |a: T::A| a.mul(factor);
+            fold(
+                &views,
+                out,
+                Steps {
+                    pre,
+                    op: add,
+                    finish: keep,
+                },
+            );
+        }
     }
     Ok(())
+}
+
+/// A premulsum's factor as a value of `T`, widened to its accumulator.
+fn factor<T: Kernel>(s: Scalar) -> Result<T::A, ReduceFault> {
+    let bytes = s.element_bytes(T::DTYPE).map_err(ReduceFault::Scalar)?;
+    let mut value = T::default();
+    as_bytes_mut(std::slice::from_mut(&mut value)).copy_from_slice(&bytes[..T::DTYPE.size()]);
+    Ok(value.widen())
 }
 
 #[cfg(test)]
@@ -351,13 +434,17 @@ mod tests {
 
     /// The definition: a left fold in rank order, element by element, in the accumulator type.
     fn reference<T: Kernel>(op: ReduceOp, inputs: &[Vec<T>]) -> Vec<T> {
+        let pre = |x: T::A| match op {
+            ReduceOp::PreMulSum(s) => x.mul(factor::<T>(s).unwrap()),
+            _ => x,
+        };
         (0..inputs[0].len())
             .map(|j| {
-                let mut acc = inputs[0][j].widen();
+                let mut acc = pre(inputs[0][j].widen());
                 for v in &inputs[1..] {
-                    let x = v[j].widen();
+                    let x = pre(v[j].widen());
                     acc = match op {
-                        ReduceOp::Sum | ReduceOp::Avg => acc.add(x),
+                        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => acc.add(x),
                         ReduceOp::Prod => acc.mul(x),
                         ReduceOp::Min => acc.min(x),
                         ReduceOp::Max => acc.max(x),
@@ -380,6 +467,9 @@ mod tests {
             ReduceOp::Prod,
             ReduceOp::Min,
             ReduceOp::Max,
+            // A factor every type holds exactly, and one that 16-bit floats round.
+            ReduceOp::pre_mul_sum(3.0),
+            ReduceOp::pre_mul_sum(if T::DTYPE.is_integer() { 7.0 } else { 0.1 }),
         ];
         for n in 1..=5 {
             for len in [0, 1, 7, BLOCK, 2 * BLOCK + 517] {
@@ -428,6 +518,47 @@ mod tests {
         });
         check_against_reference::<i32>(|r, j| (j as i32 * 7919 - r as i32 * 104_729) % 1_000_003);
         check_against_reference::<u8>(|r, j| (j * 31 + r * 7) as u8);
+    }
+
+    #[test]
+    fn premulsum_scales_every_rank_then_sums() {
+        // 0.25 * (1 + 2 + 5), 0.25 * (-4 + 8 + 0.5): exact in every float type.
+        let quarter = ReduceOp::pre_mul_sum(0.25);
+        let inputs = vec![vec![1.0f32, -4.0], vec![2.0, 8.0], vec![5.0, 0.5]];
+        assert_eq!(run(quarter, &inputs, 1), vec![2.0, 1.125]);
+        let inputs: Vec<Vec<half::bf16>> = [[1.0f32, -4.0], [2.0, 8.0], [5.0, 0.5]]
+            .iter()
+            .map(|v| v.iter().map(|&x| half::bf16::from_f32(x)).collect())
+            .collect();
+        let got: Vec<f32> = run(quarter, &inputs, 0)
+            .iter()
+            .map(|x| x.to_f32())
+            .collect();
+        assert_eq!(got, [2.0, 1.125]);
+        // One rank: the input times the factor.
+        assert_eq!(
+            run(ReduceOp::pre_mul_sum(-2.0), &[vec![1.5f64, 3.0]], 0),
+            [-3.0, -6.0]
+        );
+        // Integers multiply by a whole factor and wrap as Sum does: 3 * (100 + 60) = 480 = 224 mod 256.
+        let inputs = vec![vec![100u8, 1], vec![60, 2]];
+        assert_eq!(run(ReduceOp::pre_mul_sum(3.0), &inputs, 0), [224, 9]);
+        let inputs = vec![vec![-7i64, i64::MAX], vec![2, 1]];
+        assert_eq!(run(ReduceOp::pre_mul_sum(-1.0), &inputs, 1), [5, i64::MIN]);
+        // A factor the type does not hold is a fault, not a guess (the face refuses it before it runs).
+        let mut out = [0u8; 4];
+        let err = reduce(
+            DType::I32,
+            ReduceOp::pre_mul_sum(0.5),
+            &[Src::Bytes(&[0; 4])],
+            &mut out,
+            1,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, ReduceFault::Scalar(why) if why.contains("0.5")),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use nccl_sys::sys::{ncclComm_t, ncclResult_t};
 
 use super::exchange::{await_file, publish, publish_once};
+use super::red_ops::CreatedOps;
 use super::result_codes::{
     IN_PROGRESS, INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR, SUCCESS, SYSTEM_ERROR,
 };
@@ -49,6 +50,8 @@ pub(crate) struct Comm {
     /// Operations enqueued and not yet run (for `ncclCommFinalize`).
     pub in_flight: AtomicU64,
     fail_after: Option<u64>,
+    /// The reductions this rank created on the communicator (`ncclRedOpCreatePreMulSum`).
+    pub ops: CreatedOps,
 }
 
 impl Comm {
@@ -76,6 +79,7 @@ impl Comm {
             ops_run: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             fail_after: knobs::fail_after(rank),
+            ops: CreatedOps::new(),
         })
     }
 

@@ -22,7 +22,8 @@
 //!   communicators in one group are refused, as in NCCL. With `FAKE_GPU_TRACE_CALLS=1` each call that issues
 //!   work or brackets a group is logged (`fake-nccl: call <name>`).
 //! - **Validation**: configs are checked as `parseCommConfig` checks them ([`config`]), ranks and peers as
-//!   NCCL checks them, and every rank of a collective must call the same thing.
+//!   NCCL checks them, and every rank of a collective must call the same thing. Created reductions
+//!   ([`red_ops`]) belong to one communicator and one element type.
 //! - **Failures on demand**: `FAKE_NCCL_FAIL_AFTER` (and `FAKE_NCCL_FAIL_RANK`) make a communicator fail after K
 //!   operations; a peer that never comes is reported after `FAKE_NCCL_TIMEOUT_SECS`.
 
@@ -32,6 +33,7 @@ mod create;
 mod enqueue;
 mod exchange;
 mod ops;
+mod red_ops;
 mod reduce;
 mod result_codes;
 
@@ -41,12 +43,17 @@ pub(crate) use create::*;
 #[cfg(test)]
 pub(crate) use enqueue::*;
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::Ordering;
 
-use nccl_sys::sys::{ncclComm_t, ncclResult_t, ncclUniqueId};
+use nccl_sys::sys::{
+    ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclScalarHostImmediate,
+    ncclScalarResidence_t, ncclUniqueId,
+};
 
 use self::comm::{Comm, from_handle, release};
+use self::red_ops::{NUM_OPS, PreMulSum};
+use self::reduce::{type_name, width};
 use self::result_codes::{INVALID_ARGUMENT, SUCCESS, SYSTEM_ERROR};
 use crate::knobs;
 use crate::stream;
@@ -206,19 +213,33 @@ pub unsafe extern "C" fn ncclCommDestroy(c: ncclComm_t) -> ncclResult_t {
         return INVALID_ARGUMENT;
     }
     // SAFETY: the caller's contract.
-    unsafe { release(c) }.leave();
+    let comm = unsafe { release(c) };
+    // NCCL frees them with the communicator; an orderly caller has destroyed them already.
+    let live = comm.ops.live();
+    if live > 0 {
+        eprintln!(
+            "fake-nccl: {}: destroyed with {live} created reduction(s) never destroyed",
+            comm.label()
+        );
+    }
+    comm.leave();
     SUCCESS
 }
 
-/// `ncclCommAbort`: waiting operations of this rank give up at once.
+/// `ncclCommAbort`: waiting operations of this rank give up at once; created reductions go with the
+/// communicator.
 ///
 /// # Safety
 ///
 /// `c` came from this library and is not used again.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommAbort(c: ncclComm_t) -> ncclResult_t {
-    // SAFETY: the caller's contract, passed on.
-    unsafe { ncclCommDestroy(c) }
+    if c.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { release(c) }.leave();
+    SUCCESS
 }
 
 /// `ncclGetErrorString`.
@@ -231,4 +252,91 @@ pub extern "C" fn ncclGetErrorString(_result: ncclResult_t) -> *const c_char {
 #[unsafe(no_mangle)]
 pub extern "C" fn ncclGetLastError(_comm: ncclComm_t) -> *const c_char {
     c"".as_ptr()
+}
+
+/// `ncclRedOpCreatePreMulSum`: a host-immediate scalar is read now; device-resident scalars are not in the fake.
+///
+/// # Safety
+///
+/// `op` is valid for one write; `scalar` holds one element of `datatype`; `comm` is live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
+    op: *mut ncclRedOp_t,
+    scalar: *mut c_void,
+    datatype: ncclDataType_t,
+    residence: ncclScalarResidence_t,
+    comm: ncclComm_t,
+) -> ncclResult_t {
+    knobs::trace_call("ncclRedOpCreatePreMulSum");
+    // SAFETY: the caller's contract.
+    let Some(c) = (unsafe { from_handle(comm) }) else {
+        return INVALID_ARGUMENT;
+    };
+    if let Err(e) = c.ensure_ready("ncclRedOpCreatePreMulSum") {
+        return e;
+    }
+    let dtype = datatype as i32;
+    let refuse = |why: String| {
+        eprintln!(
+            "fake-nccl: ncclRedOpCreatePreMulSum on {}: {why}",
+            c.label()
+        );
+        INVALID_ARGUMENT
+    };
+    let Some(w) = width(dtype) else {
+        return refuse(format!("{} is not an nccl type", type_name(dtype)));
+    };
+    if op.is_null() || scalar.is_null() {
+        return refuse("a null operator or scalar pointer".into());
+    }
+    if residence != ncclScalarHostImmediate {
+        return refuse(format!(
+            "scalar residence {residence}: the fake takes host-immediate scalars only"
+        ));
+    }
+    let mut value = [0u8; 8];
+    // SAFETY: the contract: `scalar` holds one element of `datatype`, `w` bytes.
+    value[..w].copy_from_slice(unsafe { std::slice::from_raw_parts(scalar.cast::<u8>(), w) });
+    match c.ops.create(PreMulSum {
+        dtype,
+        scalar: value,
+    }) {
+        Ok(handle) => {
+            // SAFETY: non-null and valid for one write by the contract.
+            unsafe { op.write(handle as ncclRedOp_t) };
+            SUCCESS
+        }
+        Err(why) => refuse(why),
+    }
+}
+
+/// `ncclRedOpDestroy`: the operator must be one `comm` created and has not destroyed.
+///
+/// # Safety
+///
+/// `comm` is null or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
+    knobs::trace_call("ncclRedOpDestroy");
+    let op = op as c_int;
+    if (0..NUM_OPS).contains(&op) {
+        eprintln!("fake-nccl: ncclRedOpDestroy: operator {op} is built in, not created");
+        return INVALID_ARGUMENT;
+    }
+    if op < 0 {
+        eprintln!("fake-nccl: ncclRedOpDestroy: operator {op} is no operator nccl hands out");
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: the caller's contract.
+    let Some(c) = (unsafe { from_handle(comm) }) else {
+        eprintln!("fake-nccl: ncclRedOpDestroy: a null communicator");
+        return INVALID_ARGUMENT;
+    };
+    match c.ops.destroy(op) {
+        Ok(()) => SUCCESS,
+        Err(why) => {
+            eprintln!("fake-nccl: {}: {why}", c.label());
+            INVALID_ARGUMENT
+        }
+    }
 }

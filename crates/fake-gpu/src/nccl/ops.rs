@@ -3,7 +3,8 @@
 //!
 //! A collective's ranks each publish a record (what they called, and their data) and read everyone's; a rank
 //! whose record differs (another operation, count, type, reduction or root) fails the communicator, where a
-//! real NCCL would hang or corrupt memory. A send publishes its data and waits for the receiver's
+//! real NCCL would hang or corrupt memory. A created premulsum is one reduction whatever its scalar: each rank
+//! multiplies its own data by its own scalar before publishing it, as NCCL's pre-op runs on each rank's input. A send publishes its data and waits for the receiver's
 //! acknowledgement, so an unmatched send or receive blocks as in NCCL, until the fake's peer timeout reports it.
 
 use std::sync::Arc;
@@ -13,7 +14,8 @@ use std::sync::atomic::Ordering;
 
 use super::comm::Comm;
 use super::exchange::{await_file, publish};
-use super::reduce::{op_name, reduce, type_name, width};
+use super::red_ops::{NUM_OPS, PreMulSum};
+use super::reduce::{op_name, pre_multiply, reduce, type_name, width};
 use super::result_codes::{INVALID_ARGUMENT, INVALID_USAGE, SYSTEM_ERROR, UNHANDLED_CUDA_ERROR};
 use crate::memory;
 
@@ -132,9 +134,13 @@ fn describe(sig: &[i64; 5]) -> String {
 /// A call issued on a communicator, with its place in the order.
 pub(crate) struct Issued {
     pub comm: Arc<Comm>,
+    /// The call; a created reduction's handle is replaced by `NUM_OPS`, the code all ranks' records agree on.
     pub call: Call,
     /// The collective's number, or the send's or receive's number within its pair of ranks.
     pub seq: u64,
+    /// The created reduction the call was given, copied when issued (NCCL copies it too, so the operator may be
+    /// destroyed before the call runs).
+    pub pre_mul: Option<PreMulSum>,
 }
 
 /// Checks `call` against `comm` and gives it its place; `Err` with NCCL's answer for bad arguments.
@@ -147,39 +153,38 @@ pub(crate) fn issue(comm: &Arc<Comm>, call: Call) -> Result<Issued, (ncclResult_
         ));
     };
     let n = comm.nranks;
+    let mut call = call;
+    let mut pre_mul = None;
+    if let Call::AllReduce { op, dtype, .. }
+    | Call::ReduceScatter { op, dtype, .. }
+    | Call::Reduce { op, dtype, .. } = &mut call
+    {
+        if *op < 0 {
+            return bad(format!("reduction {} is not an nccl reduction", *op as u32));
+        }
+        if *op >= NUM_OPS {
+            pre_mul = Some(
+                comm.ops
+                    .resolve(*op, *dtype)
+                    .map_err(|e| (INVALID_ARGUMENT, e))?,
+            );
+            *op = NUM_OPS;
+        }
+    }
     let (addresses, elements, rank_arg): (Vec<u64>, usize, Option<usize>) = match call {
         Call::AllReduce {
-            send,
-            recv,
-            count,
-            op,
-            ..
+            send, recv, count, ..
         }
         | Call::ReduceScatter {
-            send,
-            recv,
-            count,
-            op,
-            ..
-        } => {
-            if !(0..=4).contains(&op) {
-                return bad(format!("reduction {op} is not an nccl reduction"));
-            }
-            (vec![send, recv], count, None)
-        }
+            send, recv, count, ..
+        } => (vec![send, recv], count, None),
         Call::Reduce {
             send,
             recv,
             count,
-            op,
             root,
             ..
-        } => {
-            if !(0..=4).contains(&op) {
-                return bad(format!("reduction {op} is not an nccl reduction"));
-            }
-            (vec![send, recv], count, Some(root))
-        }
+        } => (vec![send, recv], count, Some(root)),
         Call::Broadcast {
             send,
             recv,
@@ -221,6 +226,7 @@ pub(crate) fn issue(comm: &Arc<Comm>, call: Call) -> Result<Issued, (ncclResult_
         comm: Arc::clone(comm),
         call,
         seq,
+        pre_mul,
     })
 }
 
@@ -347,7 +353,7 @@ unsafe fn run_batch(comm: &Comm, batch: &[Issued]) -> Result<(), (ncclResult_t, 
                 publish(&comm.dir, &format!("{name}.ack"), &[]).map_err(missing)?;
             }
             // SAFETY: the contract, passed on.
-            call => unsafe { collective(comm, i.seq, call) }?,
+            call => unsafe { collective(comm, i.seq, call, i.pre_mul) }?,
         }
     }
     for i in batch {
@@ -371,7 +377,12 @@ unsafe fn run_batch(comm: &Comm, batch: &[Issued]) -> Result<(), (ncclResult_t, 
 /// # Safety
 ///
 /// As [`run`].
-unsafe fn collective(comm: &Comm, seq: u64, call: Call) -> Result<(), (ncclResult_t, String)> {
+unsafe fn collective(
+    comm: &Comm,
+    seq: u64,
+    call: Call,
+    pre_mul: Option<PreMulSum>,
+) -> Result<(), (ncclResult_t, String)> {
     let (n, me) = (comm.nranks, comm.rank);
     let w = width(call.dtype()).unwrap_or(1);
     let (send, count) = match call {
@@ -385,7 +396,13 @@ unsafe fn collective(comm: &Comm, seq: u64, call: Call) -> Result<(), (ncclResul
         Call::Send { .. } | Call::Recv { .. } => return Ok(()),
     };
     // SAFETY: the contract: the send buffer holds what the call reads.
-    let payload = unsafe { read(send, count * w) }?;
+    let mut payload = unsafe { read(send, count * w) }?;
+    // A premulsum scales this rank's input here, and the ranks then sum.
+    if let Some(p) = pre_mul {
+        payload = pre_multiply(p.dtype, p.scalar, &payload)
+            .map_err(|e| (INVALID_USAGE, format!("collective #{seq}: {e}")))?;
+    }
+    let sum_or = |op: i32| if pre_mul.is_some() { 0 } else { op };
     let sig = call.signature();
     let records: Vec<Vec<u8>> = if n == 1 {
         vec![payload]
@@ -429,7 +446,7 @@ unsafe fn collective(comm: &Comm, seq: u64, call: Call) -> Result<(), (ncclResul
         Call::AllReduce {
             recv, dtype, op, ..
         } => {
-            let out = reduce(dtype, op, &inputs).map_err(fail)?;
+            let out = reduce(dtype, sum_or(op), &inputs).map_err(fail)?;
             // SAFETY: the contract: `recv` holds `count` elements.
             unsafe { write(recv, &out) }?;
         }
@@ -441,7 +458,7 @@ unsafe fn collective(comm: &Comm, seq: u64, call: Call) -> Result<(), (ncclResul
             ..
         } => {
             if me == root {
-                let out = reduce(dtype, op, &inputs).map_err(fail)?;
+                let out = reduce(dtype, sum_or(op), &inputs).map_err(fail)?;
                 // SAFETY: as above.
                 unsafe { write(recv, &out) }?;
             }
@@ -466,7 +483,7 @@ unsafe fn collective(comm: &Comm, seq: u64, call: Call) -> Result<(), (ncclResul
                 .iter()
                 .map(|i| &i[me * block..(me + 1) * block])
                 .collect();
-            let out = reduce(dtype, op, &mine).map_err(fail)?;
+            let out = reduce(dtype, sum_or(op), &mine).map_err(fail)?;
             // SAFETY: the contract: `recv` holds `count` elements.
             unsafe { write(recv, &out) }?;
         }

@@ -1,6 +1,8 @@
 //! Element-wise reductions over every rank's bytes, per NCCL element type and operation, as NCCL defines them:
 //! integer sums and products wrap, `ncclAvg` divides the sum by the rank count (integer division for integer
-//! types), 16-bit floats are combined in `f32` and rounded back.
+//! types), 16-bit floats are combined in `f32` and rounded back. A created premulsum multiplies each rank's
+//! input by its scalar first ([`pre_multiply`], each product rounded to the type as NCCL's pre-op does), then
+//! sums.
 
 use half::{bf16, f16};
 
@@ -44,6 +46,7 @@ pub(crate) fn op_name(op: i32) -> &'static str {
         2 => "max",
         3 => "min",
         4 => "avg",
+        5 => "premulsum",
         _ => "unknown reduction",
     }
 }
@@ -53,6 +56,8 @@ trait Element: Copy {
     fn write(self, out: &mut [u8]);
     fn combine(self, other: Self, op: i32) -> Self;
     fn divide(self, n: usize) -> Self;
+    /// `self * by`, rounded to the type (integers wrap).
+    fn scale(self, by: Self) -> Self;
 }
 
 macro_rules! integer {
@@ -76,6 +81,9 @@ macro_rules! integer {
             }
             fn divide(self, n: usize) -> Self {
                 self / (n as $t)
+            }
+            fn scale(self, by: Self) -> Self {
+                self.wrapping_mul(by)
             }
         }
     };
@@ -109,6 +117,10 @@ macro_rules! float {
             }
             fn divide(self, n: usize) -> Self {
                 $from($to(self) / n as f64)
+            }
+            fn scale(self, by: Self) -> Self {
+                // Exact in f64 for every type but f64 itself, so rounding once gives the type's own product.
+                $from($to(self) * $to(by))
             }
         }
     };
@@ -144,6 +156,10 @@ macro_rules! float8 {
             fn divide(self, n: usize) -> Self {
                 <$t>::from_f32(self.to_f32() / n as f32)
             }
+            fn scale(self, by: Self) -> Self {
+                // Exact in f32, as in the half precision NCCL multiplies 8-bit floats in.
+                <$t>::from_f32(self.to_f32() * by.to_f32())
+            }
         }
     };
 }
@@ -165,6 +181,36 @@ fn reduce_as<T: Element>(inputs: &[&[u8]], op: i32) -> Vec<u8> {
         acc.write(chunk);
     }
     out
+}
+
+fn scale_as<T: Element>(scalar: &[u8], input: &[u8]) -> Vec<u8> {
+    let w = std::mem::size_of::<T>();
+    let by = T::read(&scalar[..w]);
+    let mut out = input.to_vec();
+    for (o, x) in out.chunks_exact_mut(w).zip(input.chunks_exact(w)) {
+        T::read(x).scale(by).write(o);
+    }
+    out
+}
+
+/// One rank's `input` with every element multiplied by `scalar` (one element of `dtype`, its bytes first).
+pub(crate) fn pre_multiply(dtype: i32, scalar: [u8; 8], input: &[u8]) -> Result<Vec<u8>, String> {
+    let s = &scalar[..];
+    Ok(match dtype {
+        0 => scale_as::<i8>(s, input),
+        1 => scale_as::<u8>(s, input),
+        2 => scale_as::<i32>(s, input),
+        3 => scale_as::<u32>(s, input),
+        4 => scale_as::<i64>(s, input),
+        5 => scale_as::<u64>(s, input),
+        6 => scale_as::<f16>(s, input),
+        7 => scale_as::<f32>(s, input),
+        8 => scale_as::<f64>(s, input),
+        9 => scale_as::<bf16>(s, input),
+        10 => scale_as::<float8::F8E4M3>(s, input),
+        11 => scale_as::<float8::F8E5M2>(s, input),
+        _ => return Err(format!("the fake cannot scale {}", type_name(dtype))),
+    })
 }
 
 /// Reduces equally long `inputs` (one per rank, in rank order) element-wise.
@@ -245,5 +291,31 @@ mod tests {
         assert_eq!(reduce(1, 0, &[&[200u8][..], &[100u8][..]]).unwrap(), [44u8]);
         assert!(reduce(12, 0, &[&[1u8][..]]).is_err(), "a type NCCL lacks");
         assert!(reduce(2, 5, &[&a]).is_err());
+    }
+
+    #[test]
+    fn a_premulsum_scales_each_element_in_its_own_type() {
+        let word = |b: &[u8]| {
+            let mut w = [0u8; 8];
+            w[..b.len()].copy_from_slice(b);
+            w
+        };
+        // i32 wraps; u8 wraps: 3 * 100 = 44 mod 256.
+        let x = bytes(&[7i32, i32::MAX]);
+        assert_eq!(
+            pre_multiply(2, word(&bytes(&[-2i32])), &x).unwrap(),
+            bytes(&[-14i32, 2])
+        );
+        assert_eq!(pre_multiply(1, word(&[3]), &[100, 2]).unwrap(), [44, 6]);
+        // f16: 0.1 rounds to 0.0999755859375; 3 * that rounds to f16 once.
+        let tenth = f16::from_f64(0.1);
+        let got = pre_multiply(6, word(&bytes(&[tenth])), &bytes(&[f16::from_f32(3.0)])).unwrap();
+        assert_eq!(got, bytes(&[f16::from_f64(3.0 * tenth.to_f64())]));
+        let quarter = word(&bytes(&[0.25f64]));
+        assert_eq!(
+            pre_multiply(8, quarter, &bytes(&[4.0f64, -1.0])).unwrap(),
+            bytes(&[1.0f64, -0.25])
+        );
+        assert!(pre_multiply(12, quarter, &[0]).is_err());
     }
 }

@@ -8,7 +8,7 @@
 use super::Communicator;
 use crate::CommError;
 use crate::buffer::Buffer;
-use crate::element::ReduceOp;
+use crate::element::{Element, ReduceOp};
 use crate::op::{Op, Shape};
 use crate::work::Work;
 
@@ -16,6 +16,7 @@ impl Communicator {
     /// Checks `op` on one buffer read and overwritten, then runs it on the buffer's flavor.
     fn one<B: Buffer>(&self, op: Op, buf: B) -> Result<Work<B>, CommError> {
         op.check(self.group(), Shape::InPlace(buf.len()))?;
+        op.check_elements(self.name(), B::Elem::DTYPE)?;
         B::run_one(self, op, buf)
     }
 
@@ -28,6 +29,7 @@ impl Communicator {
                 output: output.len(),
             },
         )?;
+        op.check_elements(self.name(), B::Elem::DTYPE)?;
         B::run_two(self, op, input, output)
     }
 

@@ -75,6 +75,7 @@ impl<T: Element, R: Send + 'static> P2pOp for Owned<T, R> {
                 let part = Part {
                     peer: route.peer,
                     tag: route.tag,
+                    op: None,
                     payload,
                 };
                 (part, T::DTYPE)

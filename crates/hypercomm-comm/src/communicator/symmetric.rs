@@ -40,6 +40,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<Work<SymmetricBuffer<T>>, CommError> {
         crate::buffer::host_reduces::<T>(self, "all_reduce_symmetric")?;
+        crate::checks::reduction(self.name(), "all_reduce_symmetric", op, T::DTYPE)?;
         self.submit_symmetric(buf, SymmetricOp::AllReduce(op))
     }
 
@@ -65,6 +66,7 @@ impl Communicator {
     ) -> Result<Work<SymmetricBuffer<T>>, CommError> {
         self.check_multiple("reduce_scatter_symmetric buffer", buf.len())?;
         crate::buffer::host_reduces::<T>(self, "reduce_scatter_symmetric")?;
+        crate::checks::reduction(self.name(), "reduce_scatter_symmetric", op, T::DTYPE)?;
         self.submit_symmetric(buf, SymmetricOp::ReduceScatter(op))
     }
 

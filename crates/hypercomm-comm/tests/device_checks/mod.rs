@@ -10,6 +10,7 @@
 //!   ([`gather_and_scatter_from_every_root`]); and what NCCL cannot run, refused with the reason ([`refusals`]).
 //! - Uneven all-gather and reduce-scatter ([`uneven_all_gather_and_reduce_scatter`]).
 //! - The 8-bit floats moved and reduced ([`float8_moves_and_reduces`]).
+//! - Premulsum through every reducing operation ([`pre_mul_sum::through_every_reduction`]).
 //! - A barrier that waits for the device work issued before it ([`barrier_orders_device_work`]).
 //! - A ring exchanged in one batch of sends and receives, in both orders ([`ring_in_one_batch`]).
 //! - Twin communicators overlapping on their own streams ([`twins_overlap_in_opposite_orders`]), and a rank that
@@ -20,6 +21,7 @@
 #![allow(dead_code)]
 
 pub mod groups;
+pub mod pre_mul_sum;
 
 use std::fmt::{Debug, Display};
 use std::sync::{Arc, Barrier};

@@ -5,7 +5,8 @@
 //! children late, as NCCL does; these tests are the CI half of what `tests/gpu` checks on a GPU.
 //!
 //! The suites below start the `#[ignore]`d `fake_*` tests of the modules, each by its full name:
-//! - [`collectives`]: every type and reduction, every collective's data, the operations the device gained;
+//! - [`collectives`]: every type and reduction (premulsum's operators counted too), every collective's data, the
+//!   operations the device gained;
 //! - [`splits`]: a non-blocking split and shrink giving working children;
 //! - [`streams`]: results ordered without a CPU wait, twin communicators on their own streams;
 //! - [`failures`]: timeouts, aborts and asynchronous errors, reported rather than hung;
@@ -69,6 +70,7 @@ fn suite_ranks_as_threads() {
         "collectives::fake_a_barrier_waits_for_the_device_work_before_it",
         "collectives::fake_float8_moves_and_reduces_on_device",
         "collectives::fake_uneven_all_gather_and_reduce_scatter_on_device",
+        "collectives::fake_premulsum_through_every_reducing_operation",
         "raw::fake_a_raw_nccl_call_runs_between_hypercomm_operations",
         "splits::fake_nonblocking_split_and_shrink_give_working_children",
         "streams::fake_results_are_ordered_without_a_cpu_wait",
@@ -83,6 +85,23 @@ fn suite_ranks_as_threads() {
         "streams::fake_opposite_first_operations_on_twins_pass_when_connected_at_creation",
         &[(DEVICES, "2"), ("NCCL_RUNTIME_CONNECT", "0")],
     );
+}
+
+#[test]
+fn suite_premulsum_operators_live_as_long_as_their_communicator() {
+    let log = pass_under_fake(
+        "collectives::fake_premulsum_operators_are_created_once_and_released_with_the_communicator",
+        &[(DEVICES, "3"), ("FAKE_GPU_TRACE_CALLS", "1")],
+    );
+    let count = |call: &str| {
+        log.lines()
+            .filter(|l| l.trim() == format!("fake-cuda: call {call}"))
+            .count()
+    };
+    // Three ranks: three operators each on the communicator dropped, one each on the one aborted.
+    assert_eq!(count("ncclRedOpCreatePreMulSum"), 3 * (3 + 1), "{log}");
+    assert_eq!(count("ncclRedOpDestroy"), 3 * 3, "{log}");
+    assert!(!log.contains("never destroyed"), "{log}");
 }
 
 #[test]

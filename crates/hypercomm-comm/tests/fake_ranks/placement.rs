@@ -71,6 +71,7 @@ fn fake_one_rank_of_two_processes() {
             .unwrap();
         assert_eq!(got.download().unwrap(), [42, 43]);
     }
+    crate::device_checks::pre_mul_sum::through_every_reduction(&comm, &gpu, 3);
 }
 
 #[test]

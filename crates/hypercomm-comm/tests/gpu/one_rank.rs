@@ -1,6 +1,6 @@
-//! One rank on one GPU: every collective on every element type, the knobs, splits and shrinks of a non-blocking
-//! communicator, twin communicators overlapping on their own streams, results reaching other streams through
-//! buffer events, host and device buffers on one face, abort, and a peer that never joins.
+//! One rank on one GPU: every collective on every element type, a premulsum's scaling, the knobs, splits and
+//! shrinks of a non-blocking communicator, twin communicators overlapping on their own streams, results reaching
+//! other streams through buffer events, host and device buffers on one face, abort, and a peer that never joins.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,6 +74,16 @@ fn every_collective_and_type_on_a_single_rank() {
         u64
     );
     assert!(gpu.pooled_events() > 0, "events go back to the pool");
+}
+
+#[test]
+fn premulsum_on_a_single_rank() {
+    // NCCL runs a one-rank reduction as a copy, but a premulsum must still scale: the input times the factor.
+    let Some(gpu) = gpu_or_skip("premulsum") else {
+        return;
+    };
+    let comm = single(&gpu, "premulsum", CommOptions::named("x"));
+    device_checks::pre_mul_sum::through_every_reduction(&comm, &gpu, 1000);
 }
 
 #[test]

@@ -125,6 +125,7 @@ fn two_ranks_run_every_operation_the_device_gained() {
         // Pipeline's exchange: 4 MiB each way around the ring, in one NCCL group, both orders of the parts.
         device_checks::ring_in_one_batch(&comm, &gpu, 1 << 20);
         device_checks::float8_moves_and_reduces(&comm, &gpu);
+        device_checks::pre_mul_sum::through_every_reduction(&comm, &gpu, m);
         device_checks::uneven_all_gather_and_reduce_scatter(&comm, &gpu, |r| [1000, 0][r % 2]);
         device_checks::uneven_all_gather_and_reduce_scatter(&comm, &gpu, |r| 300 + 700 * r);
         device_checks::barrier_orders_device_work(&comm, &gpu, 1 << 20, Duration::from_millis(200));

@@ -89,12 +89,16 @@ pub(crate) struct Header {
 impl Header {
     pub(crate) fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
-        // Word 7 stays free: the shared-memory transport keeps the payload length there. The element type and
-        // the reduction (small tags both) share word 2.
+        // Word 7 stays free: the shared-memory transport keeps the payload length there. The kind, the element
+        // type and the reduction (small tags all) share word 1; word 2 holds a premulsum's factor, bit for bit, so
+        // that ranks passing different factors disagree.
+        let tags = self.kind as u64
+            | self.dtype.map_or(0, |d| d as u64) << 16
+            | self.op.map_or(0, |o| u64::from(o.tag())) << 32;
         let words: [u64; 7] = [
             self.seq,
-            self.kind as u64,
-            self.dtype.map_or(0, |d| d as u64) | self.op.map_or(0, |o| o as u64) << 32,
+            tags,
+            self.op.map_or(0, ReduceOp::scalar_bits),
             self.window.unwrap_or(u64::MAX),
             self.root.map_or(u64::MAX, |r| r as u64),
             self.count,
@@ -112,15 +116,19 @@ impl Header {
             let b: [u8; 8] = bytes.get(i * 8..i * 8 + 8)?.try_into().ok()?;
             Some(u64::from_le_bytes(b))
         };
-        let kind_tag = word(1)?;
-        let kind = OpKind::ALL.into_iter().find(|k| *k as u64 == kind_tag)?;
-        let dtype = match word(2)? & u64::from(u32::MAX) {
+        let tags = word(1)?;
+        let kind = OpKind::ALL
+            .into_iter()
+            .find(|k| *k as u64 == tags & 0xffff)?;
+        let dtype = match (tags >> 16) & 0xffff {
             0 => None,
             t => Some(DType::from_tag(u32::try_from(t).ok()?)?),
         };
-        let op = match word(2)? >> 32 {
-            0 => None,
-            t => Some(ReduceOp::ALL.into_iter().find(|o| *o as u64 == t)?),
+        let scalar = word(2)?;
+        let op = match tags >> 32 {
+            0 if scalar == 0 => None,
+            0 => return None,
+            t => Some(ReduceOp::from_tag(u32::try_from(t).ok()?, scalar)?),
         };
         let window = Some(word(3)?).filter(|&w| w != u64::MAX);
         let root = match word(4)? {
@@ -254,5 +262,60 @@ mod tests {
         );
         assert_eq!(disagreement(&[h, h]), None);
         assert_eq!(Header::decode(&[0xff; 64]), None);
+    }
+
+    #[test]
+    fn a_premulsum_factor_travels_bit_for_bit_and_different_factors_disagree() {
+        let quarter = Header {
+            seq: 3,
+            kind: OpKind::ReduceScatter,
+            dtype: Some(DType::F32),
+            op: Some(ReduceOp::pre_mul_sum(0.25)),
+            root: None,
+            count: 8,
+            extra: 0,
+            window: None,
+        };
+        assert_eq!(Header::decode(&quarter.encode()), Some(quarter));
+        // -0.0 and 0.0 are different factors; 1/3 keeps every bit.
+        for f in [-0.0, 0.0, 1.0 / 3.0, -1e300] {
+            let h = Header {
+                op: Some(ReduceOp::pre_mul_sum(f)),
+                ..quarter
+            };
+            let back = Header::decode(&h.encode()).unwrap();
+            assert_eq!(back.op.map(ReduceOp::scalar_bits), Some(f.to_bits()));
+        }
+        let half = Header {
+            op: Some(ReduceOp::pre_mul_sum(0.5)),
+            ..quarter
+        };
+        let sum = Header {
+            op: Some(ReduceOp::Sum),
+            ..quarter
+        };
+        let sides = disagreement(&[quarter, half, sum, quarter]).unwrap();
+        let calls: Vec<(&[usize], &str)> = sides
+            .iter()
+            .map(|c| (c.ranks.as_slice(), c.call.as_str()))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                (
+                    &[0, 3][..],
+                    "reduce_scatter(#3, dtype=f32, count=8, op=premulsum(0.25))"
+                ),
+                (
+                    &[1][..],
+                    "reduce_scatter(#3, dtype=f32, count=8, op=premulsum(0.5))"
+                ),
+                (&[2][..], "reduce_scatter(#3, dtype=f32, count=8, op=sum)"),
+            ]
+        );
+        // A factor beside a reduction that takes none is not a header this version writes.
+        let mut bytes = sum.encode();
+        bytes[16..24].copy_from_slice(&0.5f64.to_bits().to_le_bytes());
+        assert_eq!(Header::decode(&bytes), None);
     }
 }

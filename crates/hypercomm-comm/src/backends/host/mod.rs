@@ -124,8 +124,8 @@ impl HostBackend {
     }
 }
 
-fn p2p_header(dtype: DType, len: usize, tag: u64) -> Header {
-    op_header(0, OpKind::Send, Some(dtype), None, None, len / dtype.size()).with_extra(tag)
+fn p2p_header(dtype: DType, len: usize, tag: u64, op: Option<ReduceOp>) -> Header {
+    op_header(0, OpKind::Send, Some(dtype), op, None, len / dtype.size()).with_extra(tag)
 }
 
 impl Header {
@@ -294,7 +294,7 @@ impl Backend for HostBackend {
 
     fn send(&mut self, data: &[u8], dtype: DType, peer: usize, tag: u64) -> Result<(), CommError> {
         self.transport
-            .send(peer, &p2p_header(dtype, data.len(), tag), data)
+            .send(peer, &p2p_header(dtype, data.len(), tag, None), data)
     }
 
     fn recv(
@@ -304,7 +304,7 @@ impl Backend for HostBackend {
         peer: usize,
         tag: u64,
     ) -> Result<(), CommError> {
-        let header = p2p_header(dtype, data.len(), tag);
+        let header = p2p_header(dtype, data.len(), tag, None);
         self.transport.recv(peer, &header, data)
     }
 
@@ -322,7 +322,7 @@ impl Backend for HostBackend {
                 };
                 Message {
                     peer: part.peer,
-                    header: p2p_header(dtype, len, part.tag),
+                    header: p2p_header(dtype, len, part.tag, part.op),
                     payload,
                 }
             })
@@ -345,7 +345,7 @@ impl Backend for HostBackend {
                 };
                 Message {
                     peer: part.peer,
-                    header: p2p_header(*dtype, len, part.tag),
+                    header: p2p_header(*dtype, len, part.tag, part.op),
                     payload,
                 }
             })

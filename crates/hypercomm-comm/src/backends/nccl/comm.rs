@@ -6,15 +6,22 @@
 //!
 //! In a [`FailureDomain`] the communicator is a member: the first fatal failure of its own is settled through the
 //! domain (recorded, every other member aborted), and another member's failure aborts it.
+//!
+//! Reductions NCCL does not build in (a premulsum) are created on the communicator the first time a call needs
+//! them, once per element type and factor, and kept in `created` for its life. An orderly release destroys them
+//! (`ncclRedOpDestroy`) before `ncclCommFinalize`; an abort does not: `ncclCommAbort` frees the communicator's
+//! operators with it, and a handle taken by an abort is never used again, so the table is only forgotten.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaEvent;
+use nccl_sys::sys::ncclRedOp_t;
 use nccl_sys::{Nccl, NcclError};
 
 use super::gpu::cuda_err;
 use super::raw::{self, CommHandle, Progress};
+use crate::element::{DType, ReduceOp, Scalar};
 use crate::failure::Member;
 use crate::{CommError, FailureDomain};
 
@@ -75,6 +82,9 @@ impl Backoff {
 pub(crate) struct NcclComm {
     pub(crate) runtime: Arc<super::DeviceRuntime>,
     handle: Mutex<Option<CommHandle>>,
+    /// The premulsum operators created on `handle`, by element type and factor. Locked only while `handle` is
+    /// (taken in that order), so creating one is serialised with every other call on the communicator.
+    created: Mutex<Vec<((DType, Scalar), ncclRedOp_t)>>,
     /// Why it broke: set once, by the first failure (read without a lock on every call).
     broken: OnceLock<String>,
     pub(crate) name: String,
@@ -107,6 +117,7 @@ impl NcclComm {
         let comm = NcclComm {
             runtime,
             handle: Mutex::new(Some(handle)),
+            created: Mutex::new(Vec::new()),
             broken: OnceLock::new(),
             name,
             timeout,
@@ -148,6 +159,36 @@ impl NcclComm {
     pub(crate) fn user_rank(&self) -> Result<usize, CommError> {
         self.with_handle(|h| {
             raw::user_rank(self.nccl(), h).map_err(|e| self.error("ncclCommUserRank", e))
+        })
+    }
+
+    /// NCCL's reduction for `op` on elements of `dtype` on this communicator: a built-in one, or the premulsum
+    /// operator for `dtype` and the factor, created (`ncclRedOpCreatePreMulSum`) the first time it is asked for
+    /// and kept until the communicator is released. A factor that is no value of `dtype` is an invalid argument
+    /// naming it (the face refuses it before this).
+    pub(crate) fn reduction(&self, op: ReduceOp, dtype: DType) -> Result<ncclRedOp_t, CommError> {
+        if let Some(builtin) = raw::builtin_op(op) {
+            return Ok(builtin);
+        }
+        let ReduceOp::PreMulSum(factor) = op else {
+            return Err(self.error_text(
+                "choosing the reduction",
+                format!("{op} is neither built into nccl nor one hypercomm creates"),
+            ));
+        };
+        let scalar = factor
+            .element_bytes(dtype)
+            .map_err(|why| crate::checks::invalid(&self.name, format!("{op} on {dtype}: {why}")))?;
+        self.with_handle(|h| {
+            let mut created = lock(&self.created);
+            if let Some((_, made)) = created.iter().find(|(key, _)| *key == (dtype, factor)) {
+                return Ok(*made);
+            }
+            let made = raw::create_pre_mul_sum(self.nccl(), h, scalar, dtype).map_err(|e| {
+                self.error(&format!("ncclRedOpCreatePreMulSum for {op} on {dtype}"), e)
+            })?;
+            created.push(((dtype, factor), made));
+            Ok(made)
         })
     }
 
@@ -321,10 +362,13 @@ impl NcclComm {
     /// [`abort`](Self::abort) with `cause` as the reason later calls see (unless it was broken already).
     fn abort_with(&self, cause: &str) {
         self.mark_broken(cause.to_owned());
-        if let Some(h) = lock(&self.handle).take()
-            && let Err(e) = raw::abort(self.nccl(), h)
-        {
-            tracing::warn!(comm = %self.name, error = %e, "ncclCommAbort failed");
+        let mut handle = lock(&self.handle);
+        if let Some(h) = handle.take() {
+            // ncclCommAbort frees the created reductions with the communicator.
+            lock(&self.created).clear();
+            if let Err(e) = raw::abort(self.nccl(), h) {
+                tracing::warn!(comm = %self.name, error = %e, "ncclCommAbort failed");
+            }
         }
     }
 }
@@ -341,9 +385,21 @@ impl Drop for NcclComm {
             return;
         };
         let nccl = self.runtime.nccl();
+        let created = std::mem::take(&mut *lock(&self.created));
         if self.broken().is_some() {
+            // ncclCommAbort frees the created reductions with the communicator.
             let _ = raw::abort(nccl, h);
             return;
+        }
+        // The created reductions first: NCCL allows it once the calls given them have returned, which they all
+        // have (work still in flight keeps its own copy). A failure costs a few bytes until the destroy below.
+        for ((dtype, factor), op) in created {
+            if let Err(e) = raw::destroy_op(nccl, h, op) {
+                tracing::warn!(
+                    comm = %self.name, error = %e, %dtype, %factor,
+                    "ncclRedOpDestroy of a premulsum failed"
+                );
+            }
         }
         // Finalize, wait (bounded) for outstanding work, then destroy; abort if that does not settle.
         let settled = match raw::finalize(nccl, h) {

@@ -77,15 +77,54 @@ pub(crate) fn nccl_dtype(dtype: DType) -> ncclDataType_t {
 /// The first NCCL release with the 8-bit float types (`ncclFloat8e4m3`, `ncclFloat8e5m2`).
 pub(crate) const FLOAT8_VERSION: nccl_sys::Version = nccl_sys::Version::new(2, 24, 0);
 
-/// NCCL's reduction for a hypercomm one (`ncclAvg` needs NCCL 2.10, older than anything with configs).
-pub(crate) fn nccl_op(op: ReduceOp) -> ncclRedOp_t {
-    match op {
+/// NCCL's built-in reduction for a hypercomm one (`ncclAvg` needs NCCL 2.10, older than anything with configs);
+/// `None` for [`ReduceOp::PreMulSum`], which each communicator creates ([`create_pre_mul_sum`]).
+pub(crate) fn builtin_op(op: ReduceOp) -> Option<ncclRedOp_t> {
+    Some(match op {
         ReduceOp::Sum => sys::ncclSum,
         ReduceOp::Prod => sys::ncclProd,
         ReduceOp::Min => sys::ncclMin,
         ReduceOp::Max => sys::ncclMax,
         ReduceOp::Avg => sys::ncclAvg,
-    }
+        ReduceOp::PreMulSum(_) => return None,
+    })
+}
+
+/// `ncclRedOpCreatePreMulSum` with a host-immediate scalar: a reduction of `comm`, for `dtype` only, that
+/// multiplies each rank's input by `scalar` (one element of `dtype`, its bytes first in the array) and sums. NCCL
+/// copies the scalar before returning; the operator lives until [`destroy_op`] or the communicator's end.
+pub(crate) fn create_pre_mul_sum(
+    nccl: &Nccl,
+    comm: CommHandle,
+    scalar: [u8; 8],
+    dtype: DType,
+) -> Result<ncclRedOp_t, NcclError> {
+    let api = nccl.api(Function::RedOpCreatePreMulSum)?;
+    let mut op: ncclRedOp_t = sys::ncclSum;
+    // Eight bytes, aligned for every element type, of which NCCL reads `dtype`'s size.
+    let mut value = u64::from_ne_bytes(scalar);
+    // SAFETY: `comm` is live and serialised by its owner; NCCL writes one operator into a live local and, with
+    // ncclScalarHostImmediate, reads the scalar (at most eight bytes, a live local) before it returns.
+    let raw = unsafe {
+        api.ncclRedOpCreatePreMulSum(
+            &mut op,
+            (&raw mut value).cast(),
+            nccl_dtype(dtype),
+            sys::ncclScalarHostImmediate,
+            comm.0,
+        )
+    };
+    progress(nccl, Function::RedOpCreatePreMulSum, raw, comm.0)?;
+    Ok(op)
+}
+
+/// `ncclRedOpDestroy`: releases an operator [`create_pre_mul_sum`] made on `comm`. NCCL allows it as soon as the
+/// last call given the operator has returned, work still in flight included.
+pub(crate) fn destroy_op(nccl: &Nccl, comm: CommHandle, op: ncclRedOp_t) -> Result<(), NcclError> {
+    let api = nccl.api(Function::RedOpDestroy)?;
+    // SAFETY: `comm` is live and serialised by its owner; `op` was created on it and is not used afterwards.
+    let raw = unsafe { api.ncclRedOpDestroy(op, comm.0) };
+    progress(nccl, Function::RedOpDestroy, raw, comm.0).map(|_| ())
 }
 
 /// `ncclGetUniqueId`.
@@ -271,7 +310,8 @@ pub(crate) fn destroy(nccl: &Nccl, comm: CommHandle) -> Result<(), NcclError> {
     progress(nccl, Function::CommDestroy, raw, std::ptr::null_mut()).map(|_| ())
 }
 
-/// One collective or point-to-point call, with device addresses. Counts are in elements.
+/// One collective or point-to-point call, with device addresses. Counts are in elements; a reduction is NCCL's,
+/// built in or created on the communicator the call goes to.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Call {
     AllReduce {
@@ -279,7 +319,7 @@ pub(crate) enum Call {
         recv: u64,
         count: usize,
         dtype: DType,
-        op: ReduceOp,
+        op: ncclRedOp_t,
     },
     Broadcast {
         send: u64,
@@ -293,7 +333,7 @@ pub(crate) enum Call {
         recv: u64,
         count: usize,
         dtype: DType,
-        op: ReduceOp,
+        op: ncclRedOp_t,
         root: usize,
     },
     /// `count` is per rank (the send count).
@@ -309,7 +349,7 @@ pub(crate) enum Call {
         recv: u64,
         count: usize,
         dtype: DType,
-        op: ReduceOp,
+        op: ncclRedOp_t,
     },
     Send {
         buf: u64,
@@ -364,7 +404,7 @@ pub(crate) unsafe fn enqueue(
                     ptr(recv),
                     count,
                     nccl_dtype(dtype),
-                    nccl_op(op),
+                    op,
                     c,
                     stream,
                 )
@@ -409,7 +449,7 @@ pub(crate) unsafe fn enqueue(
                     ptr(recv),
                     count,
                     nccl_dtype(dtype),
-                    nccl_op(op),
+                    op,
                     to_int(root),
                     c,
                     stream,
@@ -445,7 +485,7 @@ pub(crate) unsafe fn enqueue(
                     ptr(recv),
                     count,
                     nccl_dtype(dtype),
-                    nccl_op(op),
+                    op,
                     c,
                     stream,
                 )
@@ -509,9 +549,12 @@ mod tests {
         assert_eq!(types.len(), DType::ALL.len());
         assert_eq!(nccl_dtype(DType::BF16), 9);
         assert_eq!(nccl_dtype(DType::U64), 5);
-        let ops: std::collections::BTreeSet<_> =
-            ReduceOp::ALL.iter().map(|&o| nccl_op(o)).collect();
+        let ops: std::collections::BTreeSet<_> = ReduceOp::ALL
+            .iter()
+            .filter_map(|&o| builtin_op(o))
+            .collect();
         assert_eq!(ops.len(), ReduceOp::ALL.len());
-        assert_eq!(nccl_op(ReduceOp::Avg), 4);
+        assert_eq!(builtin_op(ReduceOp::Avg), Some(4));
+        assert_eq!(builtin_op(ReduceOp::pre_mul_sum(0.5)), None);
     }
 }

@@ -263,13 +263,15 @@ impl DeviceCommunicator {
             dtype,
             peer,
         };
+        // NCCL's reduction on this communicator (a premulsum's created here the first time).
+        let reduction = |op| self.comm.reduction(op, dtype);
         Ok(match op {
             Op::AllReduce(op) => vec![Call::AllReduce {
                 send,
                 recv,
                 count: input,
                 dtype,
-                op: *op,
+                op: reduction(*op)?,
             }],
             Op::Broadcast { root } => vec![Call::Broadcast {
                 send,
@@ -283,7 +285,7 @@ impl DeviceCommunicator {
                 recv,
                 count: input,
                 dtype,
-                op: *op,
+                op: reduction(*op)?,
                 root: *root,
             }],
             // In place, NCCL reads this rank's block where the output keeps it.
@@ -314,7 +316,7 @@ impl DeviceCommunicator {
                     recv: to,
                     count,
                     dtype,
-                    op: *op,
+                    op: reduction(*op)?,
                 }]
             }
             Op::AllToAll if in_place => {
@@ -381,6 +383,7 @@ impl DeviceCommunicator {
             }
             // One ncclReduce per block, rank r the root of block r, in one group (as torchcomms does).
             Op::ReduceScatterV { op, counts } => {
+                let op = reduction(*op)?;
                 let mut calls = Vec::with_capacity(n);
                 let mut at_block = 0;
                 for (root, &count) in counts.iter().enumerate() {
@@ -390,7 +393,7 @@ impl DeviceCommunicator {
                             recv,
                             count,
                             dtype,
-                            op: *op,
+                            op,
                             root,
                         });
                     }

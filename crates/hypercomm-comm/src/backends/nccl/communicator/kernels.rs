@@ -26,6 +26,8 @@ impl DeviceCommunicator {
         view.check_fits(buf.len())
             .map_err(|what| self.invalid(what))?;
         let width = T::DTYPE.size();
+        crate::checks::reduction(self.name(), "all_reduce_strided", op, T::DTYPE)?;
+        let op = self.comm.reduction(op, T::DTYPE)?;
         let reduce = |at: u64| Call::AllReduce {
             send: at,
             recv: at,
