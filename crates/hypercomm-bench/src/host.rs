@@ -88,7 +88,8 @@ pub struct BenchConfig {
     /// ([`Communicator::all_gather`], [`Communicator::reduce_scatter`]) instead of from an input into an output
     /// (`_into`), as nccl-tests reports both. The all-reduce, broadcast and reduce always run in place.
     pub in_place: bool,
-    /// All-to-all-v: the seed its split sizes are drawn from ([`SplitSizes::seeded`]); the same on every rank.
+    /// All-to-all-v: the seed its split sizes are drawn from
+    /// ([`SplitSizes::seeded`](crate::split_sizes::SplitSizes::seeded)); the same on every rank.
     pub seed: u64,
 }
 
