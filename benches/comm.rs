@@ -31,6 +31,7 @@ fn main() {
             huge_pages: false,
             symmetric: false,
             in_place: false,
+            seed: 1,
         };
         let results = match run(&config, &|_| {}) {
             Ok(r) => r,

@@ -99,6 +99,14 @@ PY
                 --json "$out/bench-${n}rank-$op.json" --plot "$out/bench-${n}rank-$op.svg" 2>&1 \
                 | tee "$out/bench-${n}rank-$op.log" || status=1
         done
+        # The point-to-point benchmarks (docs/perf/point-to-point.md); a ring needs two ranks.
+        if [ "$n" -gt 1 ]; then
+            for op in sendrecv all_to_all_v; do
+                "$bin/hypercomm" bench --backend nccl -n "$n" --op "$op" --sizes 8B:1GiB --overhead-calls 0 \
+                    --json "$out/bench-${n}rank-$op.json" --plot "$out/bench-${n}rank-$op.svg" 2>&1 \
+                    | tee "$out/bench-${n}rank-$op.log" || status=1
+            done
+        fi
         # The same all-reduce on blocking communicators: what NCCL's non-blocking mode costs per call.
         "$bin/hypercomm" bench --backend nccl -n "$n" --op all_reduce --sizes 8B:64MiB --overhead-batches 51 \
             --blocking --json "$out/bench-${n}rank-all_reduce-blocking.json" 2>&1 \

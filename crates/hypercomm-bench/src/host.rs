@@ -42,11 +42,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hypercomm_comm::host_buffer::{PageAdvice, huge_page_vec};
-use hypercomm_comm::{CommError, CommOptions, Communicator, ReduceOp};
+use hypercomm_comm::{CommError, CommOptions, Communicator, P2p, ReduceOp};
 use hypercomm_store::MemoryStore;
 
 use crate::cpus::{Placement, bind_current_thread, rank_cpus};
-use crate::op::{BenchOp, BenchResult, iterations};
+use crate::delivery::{check_delivered, input_value};
+use crate::op::{BenchOp, BenchResult, iterations, ring_peers, sent_and_received};
+use crate::split_sizes::{RankCounts, rank_counts};
 use crate::stats::median;
 
 /// Binds the calling rank thread to `cpu`.
@@ -86,6 +88,9 @@ pub struct BenchConfig {
     /// ([`Communicator::all_gather`], [`Communicator::reduce_scatter`]) instead of from an input into an output
     /// (`_into`), as nccl-tests reports both. The all-reduce, broadcast and reduce always run in place.
     pub in_place: bool,
+    /// All-to-all-v: the seed its split sizes are drawn from
+    /// ([`SplitSizes::seeded`](crate::split_sizes::SplitSizes::seeded)); the same on every rank.
+    pub seed: u64,
 }
 
 /// Runs the benchmark; `progress` is called after each size with its result (from rank 0's thread).
@@ -155,6 +160,17 @@ pub fn run_rank(
 /// largest size when `config.symmetric`. Fails for combinations the benchmark does not measure.
 pub fn comm_options(config: &BenchConfig) -> Result<CommOptions, CommError> {
     let mut options = config.options.clone();
+    if config.ranks < config.op.min_ranks() {
+        return Err(CommError::InvalidArgument {
+            comm: options.name,
+            what: format!(
+                "{} needs at least {} ranks, not {}",
+                config.op.name(),
+                config.op.min_ranks(),
+                config.ranks
+            ),
+        });
+    }
     if config.symmetric {
         if !config.op.has_symmetric_form() || config.huge_pages {
             return Err(CommError::InvalidArgument {
@@ -246,8 +262,24 @@ fn time_symmetric(
     })
 }
 
+/// A vector of `len` elements of `value`: plain, or on huge pages when `config` asks.
+fn alloc(config: &BenchConfig, len: usize, value: f32) -> Result<Vec<f32>, CommError> {
+    if !config.huge_pages {
+        return Ok(vec![value; len]);
+    }
+    match huge_page_vec(len, value) {
+        (_, PageAdvice::Refused { error }) => Err(CommError::InvalidArgument {
+            comm: config.options.name.clone(),
+            what: format!(
+                "huge-page buffers asked for, but the kernel refused the advice: {error}"
+            ),
+        }),
+        (buf, _) => Ok(buf),
+    }
+}
+
 /// The iteration times of `config.op` on vectors of `input_len` and `output_len` elements (plain, or on huge
-/// pages when the config asks).
+/// pages when the config asks); the all-to-all-v's output is this rank's column of the split sizes instead.
 fn time_vectors(
     comm: &Communicator,
     config: &BenchConfig,
@@ -256,19 +288,15 @@ fn time_vectors(
     iters: usize,
 ) -> Result<Vec<Duration>, CommError> {
     let op = config.op;
-    let alloc = |len: usize, value: f32| {
-        if !config.huge_pages {
-            return Ok(vec![value; len]);
-        }
-        match huge_page_vec(len, value) {
-            (_, PageAdvice::Refused { error }) => Err(CommError::InvalidArgument {
-                comm: config.options.name.clone(),
-                what: format!(
-                    "huge-page buffers asked for, but the kernel refused the advice: {error}"
-                ),
-            }),
-            (buf, _) => Ok(buf),
-        }
+    let alloc = |len: usize, value: f32| alloc(config, len, value);
+    let (next, prev) = ring_peers(comm.rank(), comm.size());
+    let counts = match op {
+        BenchOp::AllToAllV => rank_counts(comm, config.seed, input_len)?,
+        _ => RankCounts::default(),
+    };
+    let output_len = match op {
+        BenchOp::AllToAllV => counts.recv.iter().sum(),
+        _ => output_len,
     };
     if config.in_place {
         // One buffer of the whole size: the all-gather's output, the reduce-scatter's input.
@@ -287,9 +315,14 @@ fn time_vectors(
             Ok(took)
         });
     }
-    let mut input = alloc(input_len, 1.0)?;
+    // The point-to-point operations' inputs hold the rank's value, so that what arrives shows where it came from.
+    let value = match op {
+        BenchOp::SendRecv | BenchOp::AllToAllV => input_value(comm.rank()),
+        _ => 1.0,
+    };
+    let mut input = alloc(input_len, value)?;
     let mut output = alloc(output_len, 0.0)?;
-    time_iterations(comm, iters, |start| {
+    let times = time_iterations(comm, iters, |start| {
         // Each operation takes the buffers and gives them back; an empty vector holds their place meanwhile.
         let (input, output) = (&mut input, &mut output);
         let (i, o) = (std::mem::take(input), std::mem::take(output));
@@ -304,6 +337,14 @@ fn time_vectors(
                 (*input, *output) = comm.reduce_scatter_into(i, o, ReduceOp::Sum)?.wait()?
             }
             BenchOp::AllToAll => (*input, *output) = comm.all_to_all_into(i, o)?.wait()?,
+            BenchOp::SendRecv => {
+                let parts = vec![P2p::send(i, next), P2p::recv(o, prev)];
+                (*input, *output) = sent_and_received(comm.name(), comm.batch(parts)?.wait()?)?
+            }
+            BenchOp::AllToAllV => {
+                let (send, recv) = (counts.send.clone(), counts.recv.clone());
+                (*input, *output) = comm.all_to_all_v(i, send, o, recv)?.wait()?
+            }
         }
         let took = start.elapsed();
         if op == BenchOp::AllReduce || op == BenchOp::Reduce {
@@ -311,7 +352,14 @@ fn time_vectors(
             input.fill(1.0);
         }
         Ok(took)
-    })
+    })?;
+    let (rank, n) = (comm.rank(), comm.size());
+    if let Err(e) = check_delivered(comm.name(), op, rank, n, &output, &counts) {
+        // The peers would otherwise wait for this rank in the next size's barrier until the timeout.
+        comm.abort();
+        return Err(e);
+    }
+    Ok(times)
 }
 
 /// Runs `step` for some warm-up iterations and then `iters` timed ones, each after a barrier so that all ranks
@@ -357,6 +405,7 @@ mod tests {
                 huge_pages: false,
                 symmetric: false,
                 in_place: false,
+                seed: 1,
             };
             let seen = std::sync::Mutex::new(Vec::new());
             run(&config, &|_| *seen.lock().unwrap() = affinity()).unwrap();
@@ -378,6 +427,7 @@ mod tests {
             huge_pages: false,
             symmetric: false,
             in_place: false,
+            seed: 1,
         };
         let seen = std::sync::Mutex::new(0);
         let results = run(&config, &|_| *seen.lock().unwrap() += 1).unwrap();
@@ -437,5 +487,49 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("on their own window, not all_to_all"), "{err}");
+    }
+
+    #[test]
+    fn sendrecv_and_all_to_all_v_run_and_check_what_they_delivered() {
+        let config = |op: BenchOp, ranks: usize| BenchConfig {
+            op,
+            ranks,
+            // 4 B is one element: an all-to-all-v row of two ranks then holds a zero count.
+            sizes: vec![4, 4096, 1 << 20],
+            options: CommOptions::named(format!("bench-test-{}-{ranks}", op.name())),
+            max_iters: 5,
+            placement: Placement::OneCpuEach,
+            huge_pages: false,
+            symmetric: false,
+            in_place: false,
+            seed: 7,
+        };
+        for (op, ranks) in [
+            (BenchOp::SendRecv, 2),
+            (BenchOp::SendRecv, 3),
+            (BenchOp::AllToAllV, 2),
+            (BenchOp::AllToAllV, 3),
+        ] {
+            let results = run(&config(op, ranks), &|_| {}).unwrap();
+            assert_eq!(
+                results.iter().map(|r| r.bytes).collect::<Vec<_>>(),
+                [4, 4096, 1 << 20],
+                "{op:?} on {ranks}"
+            );
+            let factor = op.bus_factor(ranks);
+            assert!(
+                results.iter().all(|r| r.time_us > 0.0
+                    && r.op == op
+                    && (r.busbw_gbps - r.algbw_gbps * factor).abs() < 1e-9),
+                "{results:?}"
+            );
+        }
+        let err = run(&config(BenchOp::SendRecv, 1), &|_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("sendrecv needs at least 2 ranks, not 1"),
+            "{err}"
+        );
     }
 }

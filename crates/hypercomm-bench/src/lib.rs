@@ -3,7 +3,8 @@
 //! arguments, prints and plots; the measuring is here.
 //!
 //! 1. [`op`]: what is measured, counted as nccl-tests counts it: the collectives ([`BenchOp`]), their buffer sizes
-//!    and bus-bandwidth factors, one size's result ([`BenchResult`]).
+//!    and bus-bandwidth factors, one size's result ([`BenchResult`]); [`split_sizes`]: the all-to-all-v's counts,
+//!    drawn from a seed; [`delivery`]: checking what the sendrecv and the all-to-all-v delivered.
 //! 2. [`host`]: host-backend collectives, ranks as threads ([`host::run`]) or as processes each calling
 //!    [`host::run_rank`]; [`cpus`]: binding the rank threads to CPUs.
 //! 3. [`device`]: NCCL collectives on GPUs, and the host time per call against calling NCCL directly
@@ -19,12 +20,14 @@
 pub mod collection;
 pub mod core_to_core;
 pub mod cpus;
+pub mod delivery;
 pub mod device;
 pub mod harness;
 pub mod host;
 pub mod op;
 pub mod provenance;
 pub mod runs;
+pub mod split_sizes;
 pub mod stats;
 
 pub use op::{BenchOp, BenchResult};

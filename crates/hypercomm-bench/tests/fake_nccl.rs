@@ -28,6 +28,7 @@ fn config(op: BenchOp, ranks: usize, sizes: Vec<usize>) -> DeviceBenchConfig {
         overhead_calls: 20,
         overhead_batches: 3,
         multi_rank_gpu_enabled: false,
+        seed: 1,
     }
 }
 
@@ -44,6 +45,14 @@ fn suite_two_ranks_on_one_device_with_nccl_2_30() {
             ("FAKE_NCCL_VERSION", "23007"),
             ("NCCL_MULTI_RANK_GPU_ENABLE", "1"),
         ],
+    );
+}
+
+#[test]
+fn suite_sendrecv_and_all_to_all_v_on_two_devices() {
+    pass_under_fake(
+        "fake_bench_sendrecv_and_all_to_all_v_deliver",
+        &[("FAKE_GPU_DEVICES", "2")],
     );
 }
 
@@ -86,4 +95,34 @@ fn fake_bench_two_ranks_counts_calls_in_progress() {
     eprintln!("two ranks on one fake device: {o:?}");
     assert_eq!(o.raw_in_progress, o.calls * o.batches, "{o:?}");
     assert!(o.raw_ns > 0.0 && o.hypercomm_ns > 0.0, "{o:?}");
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_sendrecv_and_all_to_all_v_on_two_devices"]
+fn fake_bench_sendrecv_and_all_to_all_v_deliver() {
+    // Two ranks on two fake devices: the ring's batch of ncclSend/ncclRecv and the all-to-all-v's seeded splits
+    // (4 B is one element: one of rank 0's two counts is zero) run, and what arrived is checked after timing.
+    for op in [BenchOp::SendRecv, BenchOp::AllToAllV] {
+        let config = DeviceBenchConfig {
+            overhead_calls: 0,
+            max_iters: 5,
+            ..config(op, 2, vec![4, 4096, 1 << 16])
+        };
+        let report = run(runtime(), &config, &|_| {}).unwrap();
+        assert_eq!(report.devices, [0, 1]);
+        let bytes: Vec<usize> = report.results.iter().map(|r| r.bytes).collect();
+        assert_eq!(bytes, [4, 4096, 1 << 16], "{op:?}");
+        assert!(
+            report
+                .results
+                .iter()
+                .all(|r| r.op == op && r.transport == "nccl" && r.time_us >= 0.0),
+            "{:?}",
+            report.results
+        );
+    }
+    // A ring needs two ranks.
+    let one = config(BenchOp::SendRecv, 1, vec![8]);
+    let e = run(runtime(), &one, &|_| {}).unwrap_err().to_string();
+    assert!(e.contains("sendrecv needs at least 2 ranks, not 1"), "{e}");
 }

@@ -23,11 +23,13 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, DriverError};
 use hypercomm_comm::device::{DeviceBuffer, DeviceCommunicator, DeviceRuntime, Gpu, placement};
-use hypercomm_comm::{CommError, CommOptions, Communicator, ReduceOp};
+use hypercomm_comm::{CommError, CommOptions, Communicator, P2p, ReduceOp};
 use hypercomm_store::MemoryStore;
 use nccl_sys::Version;
 
-use crate::op::{BenchOp, BenchResult, iterations};
+use crate::delivery::{check_delivered, input_value};
+use crate::op::{BenchOp, BenchResult, iterations, ring_peers, sent_and_received};
+use crate::split_sizes::{RankCounts, rank_counts};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -48,6 +50,9 @@ pub struct DeviceBenchConfig {
     pub overhead_batches: usize,
     /// Whether `NCCL_MULTI_RANK_GPU_ENABLE=1` is set (read by the caller from the environment).
     pub multi_rank_gpu_enabled: bool,
+    /// All-to-all-v: the seed its split sizes are drawn from
+    /// ([`SplitSizes::seeded`](crate::split_sizes::SplitSizes::seeded)); the same on every rank.
+    pub seed: u64,
 }
 
 /// Bytes of the all-reduce the host-overhead measurement issues (two `f32`s: the smallest useful call).
@@ -112,6 +117,17 @@ pub fn run(
     progress: &(dyn Fn(&BenchResult) + Sync),
 ) -> Result<DeviceBenchReport, CommError> {
     let nccl = runtime.nccl().version();
+    if config.ranks < config.op.min_ranks() {
+        return Err(CommError::InvalidArgument {
+            comm: config.options.name.clone(),
+            what: format!(
+                "{} needs at least {} ranks, not {}",
+                config.op.name(),
+                config.op.min_ranks(),
+                config.ranks
+            ),
+        });
+    }
     let devices = placement(
         config.ranks,
         runtime.device_count(),
@@ -213,8 +229,14 @@ struct Buffers {
     output: DeviceBuffer<f32>,
 }
 
-/// Enqueues one `op` and takes the buffers back ordered on the communicator's stream (no CPU block).
-fn enqueue_op(comm: &Communicator, op: BenchOp, b: Buffers) -> Result<Buffers, CommError> {
+/// Enqueues one `op` (the all-to-all-v with this rank's `counts`) and takes the buffers back ordered on the
+/// communicator's stream (no CPU block).
+fn enqueue_op(
+    comm: &Communicator,
+    op: BenchOp,
+    counts: &RankCounts,
+    b: Buffers,
+) -> Result<Buffers, CommError> {
     let s = device(comm)?.stream();
     let Buffers { input, output } = b;
     let (input, output) = match op {
@@ -226,6 +248,15 @@ fn enqueue_op(comm: &Communicator, op: BenchOp, b: Buffers) -> Result<Buffers, C
             .reduce_scatter_into(input, output, ReduceOp::Sum)?
             .wait_on(s)?,
         BenchOp::AllToAll => comm.all_to_all_into(input, output)?.wait_on(s)?,
+        BenchOp::SendRecv => {
+            let (next, prev) = ring_peers(comm.rank(), comm.size());
+            let parts = vec![P2p::send(input, next), P2p::recv(output, prev)];
+            sent_and_received(comm.name(), comm.batch(parts)?.wait_on(s)?)?
+        }
+        BenchOp::AllToAllV => {
+            let (send, recv) = (counts.send.clone(), counts.recv.clone());
+            comm.all_to_all_v(input, send, output, recv)?.wait_on(s)?
+        }
     };
     Ok(Buffers { input, output })
 }
@@ -250,27 +281,47 @@ fn measure_size(
     let op = config.op;
     let (input_len, output_len) = op.buffer_lens(bytes, n);
     let gpu = dev.gpu();
+    let (counts, output_alloc) = match op {
+        BenchOp::AllToAllV => {
+            let counts = rank_counts(comm, config.seed, input_len)?;
+            let recv = counts.recv.iter().sum();
+            (counts, recv)
+        }
+        _ => (RankCounts::default(), output_len),
+    };
     let mut bufs = Buffers {
-        input: gpu.alloc_zeros::<f32>(input_len)?,
-        output: gpu.alloc_zeros::<f32>(output_len)?,
+        input: match op {
+            // Inputs that show where what arrives came from (see `delivery`).
+            BenchOp::SendRecv | BenchOp::AllToAllV => {
+                gpu.upload(&vec![input_value(comm.rank()); input_len])?
+            }
+            _ => gpu.alloc_zeros::<f32>(input_len)?,
+        },
+        output: gpu.alloc_zeros::<f32>(output_alloc)?,
     };
     let iters = iterations(bytes, config.max_iters);
     let per_batch = iters.div_ceil(BATCHES).max(1);
     let (start, end) = (timing_event(dev)?, timing_event(dev)?);
     let cuda = |what| cuda_err(comm.name(), what);
     for _ in 0..2.max(iters / 10) {
-        bufs = enqueue_op(comm, op, bufs)?;
+        bufs = enqueue_op(comm, op, &counts, bufs)?;
     }
     let mut per_op_us = Vec::with_capacity(BATCHES);
     for _ in 0..BATCHES {
         start.record(dev.stream()).map_err(cuda("recording"))?;
         for _ in 0..per_batch {
-            bufs = enqueue_op(comm, op, bufs)?;
+            bufs = enqueue_op(comm, op, &counts, bufs)?;
         }
         end.record(dev.stream()).map_err(cuda("recording"))?;
         wait_for(dev, &end)?;
         let ms = start.elapsed_ms(&end).map_err(cuda("reading a timer"))?;
         per_op_us.push(f64::from(ms) * 1e3 / per_batch as f64);
+    }
+    let received = bufs.output.download()?;
+    if let Err(e) = check_delivered(comm.name(), op, comm.rank(), n, &received, &counts) {
+        // The peers would otherwise wait for this rank's next operation until the timeout.
+        comm.abort();
+        return Err(e);
     }
     Ok(BenchResult::new(
         op,

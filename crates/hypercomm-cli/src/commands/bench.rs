@@ -12,7 +12,9 @@ use hypercomm_bench::provenance::{Provenance, load_average};
 use hypercomm_bench::runs::Summary;
 use hypercomm_comm::{Algorithm, CommOptions};
 
-use super::bench_output::{plot, print_table_header, row, size_bar, write_json};
+use super::bench_output::{
+    op_json, plot, print_op_note, print_table_header, row, size_bar, write_json,
+};
 use crate::error::CliError;
 use crate::numbers::non_negative;
 
@@ -73,9 +75,15 @@ pub struct Args {
     /// Default: 2 on the host, one per visible GPU with nccl.
     #[arg(short = 'n', long, allow_negative_numbers = true, value_parser = non_negative::<usize>)]
     ranks: Option<usize>,
-    /// Collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all.
+    /// Collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, sendrecv (a ring: each
+    /// rank sends to the next and receives from the previous in one batch), all_to_all_v (split sizes drawn from
+    /// --seed).
     #[arg(long, default_value = "all_reduce")]
     op: String,
+    /// all_to_all_v: the seed its split sizes are drawn from (`hypercomm_bench::split_sizes`); every rank draws
+    /// the same matrix from it.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
     /// Sizes: `MIN:MAX` doubling (`8B:256MiB`) or one size; units B, KiB, MiB, GiB (K, M, G also mean 2^10...).
     #[arg(long, default_value = "8B:64MiB")]
     sizes: String,
@@ -220,6 +228,13 @@ pub fn run(args: Args) -> Result<(), CliError> {
     if args.ranks == Some(0) {
         return Err(CliError::Usage("-n must be at least 1".into()));
     }
+    if let Some(n) = args.ranks.filter(|&n| n < op.min_ranks()) {
+        return Err(CliError::Usage(format!(
+            "--op {} needs at least {} ranks, not -n {n}",
+            op.name(),
+            op.min_ranks()
+        )));
+    }
     if args.backend == Backend::Nccl {
         if args.tcp {
             return Err(CliError::Usage(
@@ -245,6 +260,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             overhead_calls: args.overhead_calls,
             overhead_batches: args.overhead_batches,
             blocking: args.blocking,
+            seed: args.seed,
             json: args.json.as_deref(),
             plot: args.plot.as_deref(),
         });
@@ -293,6 +309,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         huge_pages: args.huge_pages,
         symmetric: args.symmetric,
         in_place: args.in_place,
+        seed: args.seed,
     };
     if args.bench_worker {
         return super::bench_processes::worker(&config);
@@ -337,6 +354,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         "# busbw factor {:.3}; time is the median of each size's iterations",
         op.bus_factor(ranks)
     );
+    print_op_note(op, args.seed);
     if args.runs == 0 {
         return Err(CliError::Usage("--runs must be at least 1".into()));
     }
@@ -413,6 +431,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             ),
             ("core_to_core", core_to_core),
         ];
+        extra.extend(op_json(op, args.seed));
         if args.runs > 1 {
             extra.push(("runs", summary.json(load_before, load_after)));
         }
@@ -508,6 +527,8 @@ fn worker_args(args: &Args) -> Vec<String> {
         args.iters.to_string(),
         "--algorithm".to_owned(),
         args.algorithm.name().to_owned(),
+        "--seed".to_owned(),
+        args.seed.to_string(),
     ];
     if let Some(n) = args.ranks {
         out.extend(["-n".to_owned(), n.to_string()]);

@@ -10,7 +10,9 @@ use hypercomm_bench::provenance::Provenance;
 use hypercomm_comm::device::{DeviceRuntime, placement};
 use hypercomm_comm::{CommOptions, NcclOptions};
 
-use super::bench_output::{plot, print_table_header, row, size_bar, write_json};
+use super::bench_output::{
+    op_json, plot, print_op_note, print_table_header, row, size_bar, write_json,
+};
 use crate::error::CliError;
 
 /// What `--backend nccl` was asked for (the host-only flags already refused).
@@ -29,6 +31,8 @@ pub struct Settings<'a> {
     pub overhead_batches: usize,
     /// `--blocking`: blocking NCCL communicators.
     pub blocking: bool,
+    /// `--seed`: the all-to-all-v's split sizes.
+    pub seed: u64,
     /// Where to write the JSON.
     pub json: Option<&'a Path>,
     /// Where to draw the plot.
@@ -68,6 +72,7 @@ pub fn run(settings: &Settings<'_>) -> Result<(), CliError> {
         overhead_calls: settings.overhead_calls,
         overhead_batches: settings.overhead_batches,
         multi_rank_gpu_enabled,
+        seed: settings.seed,
     };
     println!(
         "# hypercomm bench: {} on {} ranks (threads in one process), backend nccl {} ({}), {} communicators",
@@ -86,6 +91,7 @@ pub fn run(settings: &Settings<'_>) -> Result<(), CliError> {
         op.bus_factor(ranks),
         device::BATCHES
     );
+    print_op_note(op, settings.seed);
     print_table_header();
     let provenance = Provenance::start();
     let bar = size_bar(config.sizes.len());
@@ -123,7 +129,8 @@ pub fn run(settings: &Settings<'_>) -> Result<(), CliError> {
                 "blocking": settings.blocking,
             })
         });
-        let extra = overhead.map(|o| ("overhead", o)).into_iter().collect();
+        let mut extra: Vec<_> = overhead.map(|o| ("overhead", o)).into_iter().collect();
+        extra.extend(op_json(op, settings.seed));
         write_json(path, "nccl", &report.results, &provenance, extra)?;
     }
     if let Some(path) = settings.plot {

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use hypercomm_bench::BenchResult;
 use hypercomm_bench::provenance::Provenance;
+use hypercomm_bench::{BenchOp, BenchResult};
 
 use crate::error::CliError;
 
@@ -22,6 +22,29 @@ pub fn row(r: &BenchResult) -> String {
         "{:>12} {:>11} {:>5} {:>11.2} {:>11.3} {:>11.3}",
         r.bytes, r.count, "f32", r.time_us, r.algbw_gbps, r.busbw_gbps
     )
+}
+
+/// The table's line on what the point-to-point operations move (none for the collectives, whose `bytes` are
+/// nccl-tests' buffers).
+pub fn print_op_note(op: BenchOp, seed: u64) {
+    match op {
+        BenchOp::SendRecv => println!(
+            "# ring: rank i sends to rank i+1 and receives from rank i-1 in one batch; size is what each rank sends"
+        ),
+        BenchOp::AllToAllV => println!(
+            "# split sizes drawn from seed {seed} (hypercomm_bench::split_sizes); size is what each rank sends, \
+             its whole input"
+        ),
+        _ => {}
+    }
+}
+
+/// The JSON's top-level keys for `op`: the all-to-all-v's `seed`.
+pub fn op_json(op: BenchOp, seed: u64) -> Vec<(&'static str, serde_json::Value)> {
+    match op {
+        BenchOp::AllToAllV => vec![("seed", seed.into())],
+        _ => Vec::new(),
+    }
 }
 
 /// A progress bar over `sizes` sizes (drawn on stderr, cleared when done).
