@@ -19,7 +19,8 @@ fn value(from: usize, to: usize, k: usize, i: usize) -> u64 {
 #[test]
 fn every_rank_exchanges_with_every_other_in_one_batch_in_any_order() {
     for tcp in [false, true] {
-        // Larger than a mailbox (1 MiB) so that messages move in pieces, and unequal so pieces interleave.
+        // Larger than a mailbox piece (64 KiB) so that messages move in pieces (or by address), and unequal so
+        // pieces interleave.
         let len = |from: usize, to: usize| 40_000 * (1 + (from + 2 * to) % 5);
         let n = 4;
         let results = on_threads(n, options("all-pairs", tcp), move |comm| {

@@ -29,7 +29,7 @@ fn ring_options(name: &str, tcp: bool) -> hypercomm::comm::CommOptions {
 
 #[test]
 fn a_ring_of_separate_sends_then_receives_completes_whatever_the_wait_order() {
-    // 8 MiB messages: far larger than a mailbox (1 MiB) or a socket buffer, so every send must wait for its
+    // 8 MiB messages: far larger than a mailbox piece (64 KiB) or a socket buffer, so every send must wait for its
     // receive, which each rank issues only after its own send.
     let len = 2 << 20;
     for tcp in [false, true] {

@@ -24,9 +24,10 @@ use super::transport::Message;
 use crate::CommError;
 use crate::backend::{Payload, Progress};
 
-/// Messages of at least this many bytes go by address where they can: above one mailbox piece, where streaming
-/// starts paying twice per byte and a wait per piece.
-pub(crate) const BY_ADDRESS_BYTES: usize = 1 << 20;
+/// Messages of at least this many bytes go by address where they can. Streamed, a message costs two copies of
+/// every byte and a hand-over per mailbox piece; by address, one system call and one copy: from about 16 KiB up
+/// the one copy wins, and by far more as messages grow (`docs/perf/point-to-point.md`, "By address").
+pub(crate) const BY_ADDRESS_BYTES: usize = 16 << 10;
 
 /// The length field of a piece that carries a [`Record`] instead of data.
 const BY_ADDRESS: u64 = u64::MAX;
