@@ -41,7 +41,7 @@ use crate::backends::nccl::communicator::{DeviceCommunicator, DeviceWork};
 use crate::backends::nccl::gpu::Gpu;
 use crate::element::Element;
 use crate::failure::{self, Context, FailureDomain, Member};
-use crate::host_work::{HostWork, RunInline, pair};
+use crate::host_work::{Completer, HostWork, RunInline, pair};
 use crate::op::{Group, Op};
 use crate::options::CommOptions;
 
@@ -479,18 +479,11 @@ impl Communicator {
         &self,
         f: impl FnOnce(&mut dyn Backend) -> Result<R, CommError> + Send + 'static,
     ) -> Result<HostWork<R>, CommError> {
-        if let Some(cause) = self.broken() {
-            return Err(CommError::Broken {
-                comm: self.name.clone(),
-                cause,
-            });
-        }
-        let (work, done) = pair(&self.name);
-        let job = Job::Run(Box::new(move |engine: &mut Engine| {
-            done.complete(engine.execute(f))
-        }));
-        let id = self.shared.lane.push(job)?;
-        Ok(work.runs_inline(Arc::clone(&self.shared.lane) as Arc<dyn RunInline>, id))
+        self.queue(|done| {
+            Job::Run(Box::new(move |engine: &mut Engine| {
+                done.complete(engine.execute(f))
+            }))
+        })
     }
 
     /// Queues a point-to-point operation moving `bufs[i]` along `routes[i]` on the host flavor's lane, where it
@@ -501,6 +494,11 @@ impl Communicator {
         routes: Vec<p2p::Route>,
         wrap: fn(Vec<Vec<T>>) -> R,
     ) -> Result<HostWork<R>, CommError> {
+        self.queue(|done| Job::P2p(Box::new(p2p::Owned::new(bufs, routes, done, wrap))))
+    }
+
+    /// Queues the job `make` builds around the completer of a new handle, unless the communicator is broken.
+    fn queue<R>(&self, make: impl FnOnce(Completer<R>) -> Job) -> Result<HostWork<R>, CommError> {
         if let Some(cause) = self.broken() {
             return Err(CommError::Broken {
                 comm: self.name.clone(),
@@ -508,8 +506,7 @@ impl Communicator {
             });
         }
         let (work, done) = pair(&self.name);
-        let op = p2p::Owned::new(bufs, routes, done, wrap);
-        let id = self.shared.lane.push(Job::P2p(Box::new(op)))?;
+        let id = self.shared.lane.push(make(done))?;
         Ok(work.runs_inline(Arc::clone(&self.shared.lane) as Arc<dyn RunInline>, id))
     }
 
