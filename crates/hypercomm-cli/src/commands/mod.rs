@@ -5,6 +5,7 @@ pub mod bench;
 pub mod bench_nccl;
 pub mod bench_output;
 pub mod bench_processes;
+pub mod bench_refit;
 pub mod collection_bench;
 pub mod grid;
 pub mod launch;

@@ -48,7 +48,7 @@ pub struct RefitArgs {
 }
 
 /// The model of `--model`: a GPT description or a sharding file.
-fn read_model(text: &str) -> Result<(String, Sharding), CliError> {
+pub(crate) fn read_model(text: &str) -> Result<(String, Sharding), CliError> {
     if let Some(spec) = text.strip_prefix("gpt:") {
         let gpt: GptConfig = spec.parse()?;
         return Ok((format!("gpt {gpt}"), gpt.sharding()?));
