@@ -97,12 +97,12 @@ macro_rules! on_elements {
 /// The bytes of elements `range` of `storage`; `None` for an element type the communicators do not move (i16,
 /// the 6- and 4-bit formats) or a range outside the storage.
 fn cpu_bytes(storage: &CpuStorage, (start, end): (usize, usize)) -> Option<&[u8]> {
-    on_elements!(storage, v => v.get(start..end).map(|s| as_bytes(s)))
+    on_elements!(storage, v => v.get(start..end).map(as_bytes))
 }
 
 /// [`cpu_bytes`], to write into.
 fn cpu_bytes_mut(storage: &mut CpuStorage, (start, end): (usize, usize)) -> Option<&mut [u8]> {
-    on_elements!(storage, v => v.get_mut(start..end).map(|s| as_bytes_mut(s)))
+    on_elements!(storage, v => v.get_mut(start..end).map(as_bytes_mut))
 }
 
 /// Where a tensor's elements lie in its storage, if contiguously.

@@ -204,7 +204,8 @@ fn parse_sizes(text: &str) -> Result<Vec<usize>, CliError> {
 /// Runs the benchmark and prints, writes and draws its results.
 pub fn run(args: Args) -> Result<(), CliError> {
     if args.refit.refit {
-        return super::bench_refit::run_refit(&args.refit, args.json.as_deref());
+        let bucket = parse_size(&args.refit.bucket)? as u64;
+        return super::bench_refit::run_refit(&args.refit, bucket, args.json.as_deref());
     }
     if args.collection {
         return super::collection_bench::run(&super::collection_bench::Settings {

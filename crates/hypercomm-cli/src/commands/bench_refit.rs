@@ -41,14 +41,14 @@ pub struct RefitBenchArgs {
     pub refits: usize,
 }
 
-/// Runs `hypercomm bench --refit`, writing the results as JSON to `json` when given.
-pub fn run_refit(args: &RefitBenchArgs, json: Option<&Path>) -> Result<(), CliError> {
+/// Runs `hypercomm bench --refit` with buckets of `bucket` bytes (`--bucket`, parsed by the caller), writing
+/// the results as JSON to `json` when given.
+pub fn run_refit(args: &RefitBenchArgs, bucket: u64, json: Option<&Path>) -> Result<(), CliError> {
     if args.refits == 0 {
         return Err(CliError::Usage("--refits must be at least 1".into()));
     }
     let (from, to) = (parse_layout(&args.from)?, parse_layout(&args.to)?);
-    let (model, sharding) = super::plan_refit::read_model(&args.model)?;
-    let bucket = super::bench::parse_size(&args.bucket)? as u64;
+    let (model, sharding) = super::refit_model::read_model(&args.model)?;
     let plan = RefitPlan::build(
         Side::new(&from, &sharding),
         Side::new(&to, &sharding),

@@ -12,5 +12,6 @@ pub mod launch;
 pub mod layout;
 pub mod plan;
 pub mod plan_refit;
+pub mod refit_model;
 pub mod sizes;
 pub mod store;

@@ -7,7 +7,7 @@
 //! 1. It reads its own announcement, `refit/announce/<refit rank>` (`<epoch> <namespace>`). Joining an epoch no
 //!    later than the one announced there is an error ([`ExecError::StaleEpoch`]): each epoch is joined once, so a
 //!    restarted engine joins a new one and can never read a bootstrap record of an epoch its earlier incarnation
-//!    took part in. The failure record that rank left in its previous epoch, if any, is deleted.
+//!    took part in.
 //! 2. It announces its namespace and epoch there, and checks them against the others': refit rank 0 against every
 //!    rank's, every other rank against rank 0's. A rank of the same namespace already at a later epoch is an error
 //!    at once; one of another namespace or an earlier epoch is waited for (it may not have rejoined yet) and is an
@@ -17,7 +17,8 @@
 //! 3. It builds a collection named `<namespace>/refit/<epoch>` holding one group of every refit rank, whose
 //!    failure domain makes a peer lost mid-refit an error on every rank naming it by refit rank within the
 //!    timeout. Its bootstrap keys carry the namespace and the epoch; once the build's closing barrier shows that
-//!    every rank has read them, each rank deletes those it wrote.
+//!    every rank has read them, each rank deletes those it wrote, and its failure record of its previous epoch
+//!    (every rank has left that epoch by then, so none still looks for the record).
 //!
 //! So a group lives in the store as one announcement per refit rank, and refitting every step over it adds no
 //! key. A failed epoch leaves each surviving rank's failure record until that rank joins the next epoch, and a
@@ -159,21 +160,17 @@ impl RefitGroup {
             });
         }
         let namespace = &options.namespace;
-        match announced(&*store, rank).map_err(options.store_err())? {
-            Some((previous, ref theirs)) if theirs == namespace && previous >= options.epoch => {
-                return Err(ExecError::StaleEpoch {
-                    rank,
-                    namespace: namespace.clone(),
-                    epoch: options.epoch,
-                    previous,
-                });
-            }
-            Some((previous, theirs)) => {
-                store
-                    .delete(&failure_key(&theirs, previous, rank))
-                    .map_err(options.store_err())?;
-            }
-            None => {}
+        let previous = announced(&*store, rank).map_err(options.store_err())?;
+        if let Some((epoch, theirs)) = &previous
+            && theirs == namespace
+            && *epoch >= options.epoch
+        {
+            return Err(ExecError::StaleEpoch {
+                rank,
+                namespace: namespace.clone(),
+                epoch: options.epoch,
+                previous: *epoch,
+            });
         }
         store
             .set(
@@ -188,7 +185,7 @@ impl RefitGroup {
         };
         await_announcements(&*store, &options, rank, peers)?;
 
-        let ledger = Arc::new(Ledger::new(store));
+        let ledger = Arc::new(Ledger::new(Arc::clone(&store)));
         let collection = ProcessGroupCollection::custom(RefitGroupOptions::collection_name(
             namespace,
             options.epoch,
@@ -197,8 +194,15 @@ impl RefitGroup {
         .with_timeout(options.timeout)
         .with_force_tcp(options.force_tcp)
         .build(rank, Arc::clone(&ledger) as Arc<dyn Store>)?;
-        // The build ended with a barrier over every rank: all have read the bootstrap records.
+        // The build ended with a barrier over every rank: all have read the bootstrap records, and all have left
+        // the previous epoch (whose failure, if any, they learnt of before joining this one), so nobody reads this
+        // rank's failure record of it any more.
         ledger.delete_written().map_err(options.store_err())?;
+        if let Some((epoch, theirs)) = previous {
+            store
+                .delete(&failure_key(&theirs, epoch, rank))
+                .map_err(options.store_err())?;
+        }
         Ok(RefitGroup {
             collection,
             options,

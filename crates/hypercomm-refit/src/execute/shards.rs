@@ -20,7 +20,7 @@ pub type WriteShard<'a> = dyn FnMut(&mut [u8]) -> Result<(), ExecError> + 'a;
 ///
 /// `index` is the parameter's index in [`RefitPlan::params`](crate::RefitPlan::params) and `param` describes it.
 /// An implementation calls `f` once with the whole shard and returns what `f` returns; a shard this rank does not
-/// hold is an error ([`ExecError::NoShard`]), but the executor asks only for shards the plan says it holds.
+/// hold is an error ([`ExecError::Buffers`]), but the executor asks only for shards the plan says it holds.
 ///
 /// Implemented for vectors indexed by plan index (`Vec<Vec<T>>`, `[Vec<T>]`, with an empty vector for a
 /// parameter the rank does not hold), of any element type the communicators move; mixed element types fit
