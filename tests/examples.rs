@@ -254,3 +254,25 @@ fn candle_dp_tp_without_cuda_says_how_and_exits_2() {
     assert!(stderr.contains("`cuda` feature"), "{stderr}");
     assert!(stderr.contains("--features cuda"), "{stderr}");
 }
+
+#[cfg(feature = "candle")]
+#[test]
+fn rl_refit_moves_a_trainer_s_weights_into_two_engines_five_times_byte_exact() {
+    // 12 processes: the trainer (tp 2, pp 2, dp 2) and two engines (tp 2); each engine rank checks every byte after
+    // each refit and the example fails if one differs.
+    let out = run_example("rl_refit");
+    assert!(
+        out.contains("16 parameters from tp=2,pp=2,dp=2 to tp=2,dp=2@8, 16.8 MB moved"),
+        "{out}"
+    );
+    for step in 1..=5 {
+        assert!(
+            out.contains(&format!("refit {step}: 16.8 MB moved in ")),
+            "{out}"
+        );
+    }
+    assert!(
+        out.contains("every byte of every shard equals the full model after each of 5 refits"),
+        "{out}"
+    );
+}

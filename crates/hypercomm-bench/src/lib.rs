@@ -11,9 +11,11 @@
 //!    ([`device::bare_nccl`]).
 //! 4. [`core_to_core`]: the cache-line round trip between two CPUs that every shared-memory round waits on.
 //! 5. [`collection`]: building a full process-group collection, by each bootstrap.
-//! 6. [`stats`]: the one [`median`] every benchmark reports; [`runs`]: several runs of a benchmark summarised.
-//! 7. [`provenance`]: where figures came from (command, time, machine, commit, load), written beside them.
-//! 8. [`harness`]: timing closures for the `cargo bench` targets.
+//! 6. [`refit`]: a weight refit between two layouts ([`refit::run`]) against gathering every full tensor on source
+//!    rank 0 and broadcasting it to the destination ranks, same model, same ranks, same run.
+//! 7. [`stats`]: the one [`median`] every benchmark reports; [`runs`]: several runs of a benchmark summarised.
+//! 8. [`provenance`]: where figures came from (command, time, machine, commit, load), written beside them.
+//! 9. [`harness`]: timing closures for the `cargo bench` targets.
 //!
 //! The figures measured with these, each with its command, machine, date and JSON, are in `docs/perf/`.
 
@@ -26,6 +28,7 @@ pub mod harness;
 pub mod host;
 pub mod op;
 pub mod provenance;
+pub mod refit;
 pub mod runs;
 pub mod split_sizes;
 pub mod stats;

@@ -62,6 +62,7 @@ mod group;
 mod host;
 mod kind;
 mod p2p;
+pub mod refit;
 mod symmetric;
 pub mod tp;
 

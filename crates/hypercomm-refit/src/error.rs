@@ -169,6 +169,18 @@ pub enum RefitError {
         /// The destination ranks.
         ranks: usize,
     },
+    /// A buffer whose size is not the size the parameter needs.
+    #[error("{what} of parameter {name:?} has {have} bytes, but it needs {want}")]
+    WrongSize {
+        /// The parameter.
+        name: String,
+        /// What the buffer is (`the full tensor`).
+        what: &'static str,
+        /// Its size.
+        have: u64,
+        /// The size it needs.
+        want: u64,
+    },
     /// Text that does not parse.
     #[error("{what} {text:?}: {why}")]
     Parse {

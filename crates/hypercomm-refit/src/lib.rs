@@ -1,16 +1,20 @@
-//! Weight refit between layouts, the pure half: how a model's parameters are laid out on a layout ([`Sharding`]),
-//! and a plan ([`RefitPlan`]) of which bytes every destination rank needs and which rank sends each, so that an RL
-//! job can move a trainer's weights into inference engines laid out differently. No I/O, no communication: every
-//! rank computes the same plan alone.
+//! Weight refit between layouts: how a model's parameters are laid out on a layout ([`Sharding`]), a plan
+//! ([`RefitPlan`]) of which bytes every destination rank needs and which rank sends each, and its execution, so that
+//! an RL job can move a trainer's weights into inference engines laid out differently. The plan is pure: every rank
+//! computes the same plan alone, with no communication; executing it ([`Refit`]) moves the bytes.
 //!
 //! 1. Describe the model: a [`Sharding`] lists each parameter (name, full shape, [`DType`]) with its tensor-parallel
 //!    [`Split`] (column, row, vocab-parallel, replicated), its pipeline [`Place`] and its expert. [`GptConfig`]
 //!    describes Megatron-Core's GPT; `hypercomm::candle`'s tensor-parallel layers describe themselves.
 //! 2. Parse or build the two layouts ([`parse_layout`] reads `tp=2,pp=2,dp=2`) and [`RefitPlan::build`] a plan
 //!    from one [`Side`] to the other, with [`PlanOptions`] (bucket size, forwarding).
-//! 3. Execute it bucket by bucket ([`RefitPlan::bucket`]): each [`Transfer`] copies [`Runs`] of one parameter from
+//! 3. Read it bucket by bucket ([`RefitPlan::bucket`]): each [`Transfer`] copies [`Runs`] of one parameter from
 //!    its sender's local shard into the receiver's. [`Summary`] and [`explain`] say what it moves, per link and
 //!    per rank, against broadcasting full tensors.
+//! 4. Run it: every source and destination rank joins a [`RefitGroup`] (under a namespace and an epoch, through
+//!    one store, even from two jobs), prepares its side once ([`Refit::new`]) and, after each training step, runs
+//!    it ([`Refit::run`]) on its own shards ([`ShardBuffers`]): one batch of sends and receives per bucket, written
+//!    straight into the destination's buffers (see the `execute` module).
 //!
 //! ```
 //! use hypercomm_refit::{GptConfig, Peer, PlanOptions, RefitPlan, Side, Summary, parse_layout};
@@ -72,9 +76,11 @@ mod balance;
 mod chunks;
 mod dtype;
 mod error;
+pub mod execute;
 mod explain;
 mod gpt;
 mod layout_spec;
+mod local;
 mod placement;
 mod plan;
 mod runs;
@@ -92,6 +98,10 @@ mod tests;
 
 pub use dtype::DType;
 pub use error::RefitError;
+pub use execute::{
+    ExecError, Refit, RefitGroup, RefitGroupOptions, RefitStats, ShardBuffers, group_rank,
+    plan_peer,
+};
 pub use explain::{
     Baseline, DestinationLoad, LinkLoad, SourceLoad, Summary, explain, format_bytes,
 };

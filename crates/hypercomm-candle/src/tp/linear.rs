@@ -108,6 +108,22 @@ impl ColumnParallelLinear {
         })
     }
 
+    /// The layer over shards this rank holds already: `weight` `[out / n, in]` and `bias` `[out / n]`. An
+    /// inference engine builds its layers so (zeros, say) and a weight refit fills the variables in place.
+    pub fn from_shards(weight: Var, bias: Option<Var>, group: TensorGroup) -> Result<Self> {
+        check_weight(
+            weight.as_tensor(),
+            bias.as_ref().map(Var::as_tensor),
+            &group,
+            "ColumnParallelLinear",
+        )?;
+        Ok(ColumnParallelLinear {
+            weight,
+            bias,
+            group,
+        })
+    }
+
     /// The tensor-parallel group the layer is split over.
     pub fn group(&self) -> &TensorGroup {
         &self.group
@@ -161,6 +177,22 @@ impl RowParallelLinear {
             bias: bias
                 .map(|b| Var::from_tensor(&b.contiguous()?.detach()))
                 .transpose()?,
+            group,
+        })
+    }
+
+    /// The layer over shards this rank holds already: `weight` `[out, in / n]` and the whole `bias` `[out]` (see
+    /// [`ColumnParallelLinear::from_shards`]).
+    pub fn from_shards(weight: Var, bias: Option<Var>, group: TensorGroup) -> Result<Self> {
+        check_weight(
+            weight.as_tensor(),
+            bias.as_ref().map(Var::as_tensor),
+            &group,
+            "RowParallelLinear",
+        )?;
+        Ok(RowParallelLinear {
+            weight,
+            bias,
             group,
         })
     }

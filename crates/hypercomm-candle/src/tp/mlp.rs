@@ -49,6 +49,15 @@ impl ParallelMlp {
         })
     }
 
+    /// The block of two layers built already (from their shards, say).
+    pub fn new(fc1: ColumnParallelLinear, activation: Activation, fc2: RowParallelLinear) -> Self {
+        ParallelMlp {
+            fc1,
+            activation,
+            fc2,
+        }
+    }
+
     /// The column-parallel first layer.
     pub fn fc1(&self) -> &ColumnParallelLinear {
         &self.fc1

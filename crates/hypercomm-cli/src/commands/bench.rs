@@ -150,6 +150,9 @@ pub struct Args {
     /// this process: the host collective's -n ranks, or with --collection its 8.
     #[arg(long)]
     processes: bool,
+    /// `--refit` and its settings: a weight refit against gathering and broadcasting full tensors.
+    #[command(flatten)]
+    refit: super::bench_refit::RefitBenchArgs,
     /// Internal: this process is one rank of a host `--processes` run.
     #[arg(long, hide = true, conflicts_with = "collection")]
     bench_worker: bool,
@@ -208,6 +211,10 @@ fn parse_sizes(text: &str) -> Result<Vec<usize>, CliError> {
 
 /// Runs the benchmark and prints, writes and draws its results.
 pub fn run(args: Args) -> Result<(), CliError> {
+    if args.refit.refit {
+        let bucket = parse_size(&args.refit.bucket)? as u64;
+        return super::bench_refit::run_refit(&args.refit, bucket, args.json.as_deref());
+    }
     if args.collection {
         return super::collection_bench::run(&super::collection_bench::Settings {
             backend: args.backend.name(),

@@ -3,11 +3,9 @@
 //! every full tensor from source rank 0.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use hypercomm_refit::{
-    GptConfig, PlanOptions, RefitPlan, Sharding, Side, Summary, explain, format_bytes, parse_layout,
-};
+use hypercomm_refit::{PlanOptions, RefitPlan, Side, Summary, explain, format_bytes, parse_layout};
 use serde::Serialize;
 
 use crate::error::CliError;
@@ -47,23 +45,6 @@ pub struct RefitArgs {
     pub write_plan: Option<PathBuf>,
 }
 
-/// The model of `--model`: a GPT description or a sharding file.
-fn read_model(text: &str) -> Result<(String, Sharding), CliError> {
-    if let Some(spec) = text.strip_prefix("gpt:") {
-        let gpt: GptConfig = spec.parse()?;
-        return Ok((format!("gpt {gpt}"), gpt.sharding()?));
-    }
-    let path = Path::new(text);
-    let json = std::fs::read_to_string(path).map_err(|e| {
-        CliError::Usage(format!(
-            "--model {text}: not gpt:... and cannot read it as a file: {e}"
-        ))
-    })?;
-    let sharding: Sharding =
-        serde_json::from_str(&json).map_err(|e| CliError::Usage(format!("--model {text}: {e}")))?;
-    Ok((format!("sharding {}", path.display()), sharding))
-}
-
 #[derive(Serialize)]
 struct Report<'a> {
     model: &'a str,
@@ -76,7 +57,8 @@ pub fn run(args: &RefitArgs, json: bool) -> Result<(), CliError> {
     let missing = |flag: &str| CliError::Usage(format!("--refit needs {flag}"));
     let from = parse_layout(args.from.as_deref().ok_or_else(|| missing("--from"))?)?;
     let to = parse_layout(args.to.as_deref().ok_or_else(|| missing("--to"))?)?;
-    let (model, sharding) = read_model(args.model.as_deref().ok_or_else(|| missing("--model"))?)?;
+    let (model, sharding) =
+        super::refit_model::read_model(args.model.as_deref().ok_or_else(|| missing("--model"))?)?;
     let bucket = super::bench::parse_size(&args.bucket)? as u64;
     let options = PlanOptions::default()
         .bucket_bytes(bucket)
