@@ -478,6 +478,78 @@ impl<T: Element> DeviceBuffer<T> {
             .map_err(cuda_err(&label, "copying a buffer into device memory"))
     }
 
+    /// Elements the allocation holds: [`set_len`](Self::set_len) changes the length up to them without
+    /// allocating.
+    pub fn capacity(&self) -> usize {
+        self.slice.len() / T::DTYPE.size()
+    }
+
+    /// Sets the length to `len` elements of the allocation, for reusing a buffer (a staging buffer, say) for a
+    /// message of another size. Elements past the old length hold what the allocation last held (zeros if never
+    /// written). Fails when `len` exceeds [`capacity`](Self::capacity).
+    pub fn set_len(&mut self, len: usize) -> Result<(), CommError> {
+        if len > self.capacity() {
+            return Err(CommError::InvalidArgument {
+                comm: self.gpu.label(),
+                what: format!(
+                    "length {len} exceeds the buffer's capacity of {} {} elements",
+                    self.capacity(),
+                    T::DTYPE
+                ),
+            });
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Copies `len` bytes of `src`, from its byte `src_offset`, into this buffer at byte `dst_offset`, enqueued
+    /// on `stream` (no CPU block). Stream-ordered like every use of either buffer: the copy waits for earlier work
+    /// on both (a collective on another stream included), and later work on either, on any stream, waits for it.
+    /// Offsets are in bytes whatever the element types, so that strided runs of a shard (one copy each) can
+    /// be packed into a byte buffer and back; each copy is one `cuMemcpyDtoDAsync` plus cudarc's event waits and
+    /// records, several microseconds of CPU time, so many small runs cost more than one kernel over them.
+    ///
+    /// Fails, enqueuing nothing, when `src` lives on another device or either range ends past its buffer.
+    pub fn copy_range_from<S: Element>(
+        &mut self,
+        src: &DeviceBuffer<S>,
+        src_offset: usize,
+        dst_offset: usize,
+        len: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), CommError> {
+        let label = self.gpu.label();
+        let invalid = |what: String| CommError::InvalidArgument {
+            comm: label.clone(),
+            what,
+        };
+        if src.device() != self.device() {
+            return Err(invalid(format!(
+                "copy_range_from: the source lives on device {}, this buffer on device {}",
+                src.device(),
+                self.device()
+            )));
+        }
+        for (side, offset, bytes) in [
+            ("source", src_offset, src.byte_len()),
+            ("destination", dst_offset, self.byte_len()),
+        ] {
+            if offset.checked_add(len).is_none_or(|end| end > bytes) {
+                return Err(invalid(format!(
+                    "copy_range_from: {len} bytes from byte {offset} end past the {side}'s {bytes} bytes"
+                )));
+            }
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let from = src.slice_after(stream)?.slice(src_offset..src_offset + len);
+        let mut to = self.slice_mut().slice_mut(dst_offset..dst_offset + len);
+        stream
+            .memcpy_dtod(&from, &mut to)
+            .map_err(cuda_err(&label, "copying a byte range between buffers"))
+    }
+
     fn check_foreign<S>(&self, len: usize, what: &str) -> Result<(), CommError> {
         if std::mem::size_of::<S>() != T::DTYPE.size() || len != self.len {
             return Err(CommError::InvalidArgument {
