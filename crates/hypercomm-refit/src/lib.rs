@@ -99,8 +99,8 @@ mod tests;
 pub use dtype::DType;
 pub use error::RefitError;
 pub use execute::{
-    ExecError, Refit, RefitGroup, RefitGroupOptions, RefitStats, ShardBuffers, group_rank,
-    plan_peer,
+    DeviceShards, ExecError, Refit, RefitGroup, RefitGroupOptions, RefitStats, ShardBuffers,
+    StagedShards, Staging, group_rank, plan_peer,
 };
 pub use explain::{
     Baseline, DestinationLoad, LinkLoad, SourceLoad, Summary, explain, format_bytes,

@@ -35,7 +35,7 @@ use crate::execute::error::ExecError;
 use crate::execute::ledger::Ledger;
 use crate::execute::messages::group_rank;
 use crate::execute::run::{Refit, RefitStats};
-use crate::execute::shards::ShardBuffers;
+use crate::execute::shards::{StagedShards, Staging};
 use crate::{Peer, RefitPlan};
 
 /// The kind of the group's one communicator in its collection.
@@ -247,9 +247,9 @@ impl RefitGroup {
     }
 
     /// Runs `refit` (this rank's side of a plan over this group) on `shards`; see [`Refit::run`].
-    pub fn run<S: ShardBuffers + ?Sized>(
+    pub fn run<B: Staging, S: StagedShards<Staging = B> + ?Sized>(
         &self,
-        refit: &mut Refit<'_>,
+        refit: &mut Refit<'_, B>,
         shards: &mut S,
     ) -> Result<RefitStats, ExecError> {
         refit.run(self.comm()?, shards)

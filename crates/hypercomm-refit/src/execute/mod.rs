@@ -6,15 +6,18 @@
 //! 2. Prepare this rank's side once: [`Refit::new`] works out its messages per bucket.
 //! 3. After each training step, [`Refit::run`] (or [`RefitGroup::run`]) with this rank's shards as
 //!    [`ShardBuffers`]: plain vectors by plan index, or any buffers that lend their bytes (candle tensors through
-//!    `hypercomm::candle`).
+//!    `hypercomm::candle`), or as [`DeviceShards`]: device buffers, run on the communicator's NCCL flavor.
 //!
 //! - `messages`: what one rank sends and receives per bucket ([`group_rank`] numbers the ranks).
-//! - `shards`: [`ShardBuffers`], the rank's shards as bytes.
+//! - `shards`: [`ShardBuffers`], the rank's shards as bytes, and [`StagedShards`], what the executor asks of
+//!   shards of either flavor.
+//! - `device`: [`DeviceShards`], shards in device memory, staged in device buffers.
 //! - `run`: [`Refit`], packing, one batch per bucket, unpacking.
 //! - `group`: [`RefitGroup`], namespaces, epochs and the store keys.
 //! - `ledger`: the keys a rank wrote, deleted once read.
 //! - `error`: [`ExecError`].
 
+mod device;
 mod error;
 mod group;
 mod ledger;
@@ -22,11 +25,12 @@ mod messages;
 mod run;
 mod shards;
 
+pub use device::DeviceShards;
 pub use error::ExecError;
 pub use group::{RefitGroup, RefitGroupOptions};
 pub use messages::{group_rank, plan_peer};
 pub use run::{Refit, RefitStats};
-pub use shards::{ReadShard, ShardBuffers, WriteShard};
+pub use shards::{ReadShard, ShardBuffers, StagedShards, Staging, WriteShard};
 
 #[cfg(test)]
 mod tests;

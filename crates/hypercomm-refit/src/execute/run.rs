@@ -8,13 +8,17 @@
 //! need (they read bytes that arrived in an earlier bucket). The plan bounds what a rank sends, and what it
 //! receives, in one bucket: the staging buffers in flight hold at most twice the bucket size, and those kept for
 //! the next bucket (and the next refit) at most twice again.
+//!
+//! The same code runs host and device shards: it is generic over [`StagedShards`], whose staging buffer type
+//! picks the communicator's flavor (`Vec<u8>` on the host backend, `DeviceBuffer<u8>` on NCCL, where the tags
+//! are 0 as NCCL needs). A `Refit` keeps staging buffers of one flavor, `B`.
 
 use hypercomm_comm::{Communicator, P2p};
 
 use crate::execute::error::ExecError;
 use crate::execute::messages::{RankMessages, group_rank};
-use crate::execute::shards::ShardBuffers;
-use crate::{Peer, PlanParam, RefitPlan, Transfer};
+use crate::execute::shards::{StagedShards, Staging};
+use crate::{Peer, PlanParam, RefitPlan};
 
 /// What a run moved on this rank.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,23 +40,24 @@ impl std::ops::AddAssign for RefitStats {
 }
 
 /// One rank's side of a refit plan, ready to run again after every training step: its messages are worked out
-/// once, and its staging buffers kept between buckets and runs.
+/// once, and its staging buffers (of type `B`: `Vec<u8>` for host shards, `DeviceBuffer<u8>` for device ones)
+/// kept between buckets and runs.
 ///
 /// The communicator must number the ranks as [`group_rank`] does: the `T` source ranks `0..T`, then the
 /// destination ranks (a [`RefitGroup`](crate::RefitGroup) does).
 #[derive(Debug)]
-pub struct Refit<'p> {
+pub struct Refit<'p, B = Vec<u8>> {
     plan: &'p RefitPlan,
     me: Peer,
     rank: usize,
     messages: RankMessages,
-    pool: Vec<Vec<u8>>,
+    pool: Vec<B>,
 }
 
-impl<'p> Refit<'p> {
+impl<'p, B: Staging> Refit<'p, B> {
     /// Rank `me`'s side of `plan`: a source rank reads its shards, a destination rank writes its own (and reads
     /// them to forward). Fails when `me` is not a rank of the plan's layouts.
-    pub fn new(plan: &'p RefitPlan, me: Peer) -> Result<Refit<'p>, ExecError> {
+    pub fn new(plan: &'p RefitPlan, me: Peer) -> Result<Refit<'p, B>, ExecError> {
         Ok(Refit {
             plan,
             me,
@@ -74,7 +79,7 @@ impl<'p> Refit<'p> {
 
     /// The bytes of staging buffers kept for the next bucket.
     pub fn staging_bytes(&self) -> usize {
-        self.pool.iter().map(Vec::capacity).sum()
+        self.pool.iter().map(Staging::capacity_bytes).sum()
     }
 
     /// Runs every bucket of the plan over `comm`, reading and writing this rank's `shards` in place. Fails with the
@@ -82,7 +87,7 @@ impl<'p> Refit<'p> {
     /// [`ExecError::lost_ranks`] names the lost peers), and before sending anything when a shard buffer does not
     /// have the plan's size. A failure of this rank's own (its buffers) aborts `comm`, so that the peers stop at
     /// once rather than at their timeout.
-    pub fn run<S: ShardBuffers + ?Sized>(
+    pub fn run<S: StagedShards<Staging = B> + ?Sized>(
         &mut self,
         comm: &Communicator,
         shards: &mut S,
@@ -105,7 +110,10 @@ impl<'p> Refit<'p> {
     }
 
     /// Fails unless every shard this rank reads or writes has the plan's size.
-    fn check_shards<S: ShardBuffers + ?Sized>(&self, shards: &S) -> Result<(), ExecError> {
+    fn check_shards<S: StagedShards<Staging = B> + ?Sized>(
+        &self,
+        shards: &S,
+    ) -> Result<(), ExecError> {
         let mut params: Vec<usize> = self
             .messages
             .buckets
@@ -118,14 +126,14 @@ impl<'p> Refit<'p> {
         params.dedup();
         for index in params {
             let param = &self.plan.params()[index];
-            shards.read_shard(index, param, &mut |shard| check_size(shard, param, self.me))?;
+            check_size(shards.shard_bytes(index, param)?, param, self.me)?;
         }
         Ok(())
     }
 
     /// Runs bucket `bucket` alone (nothing past the last bucket): for a caller that interleaves the refit with
     /// other work, running the buckets in order.
-    pub fn run_bucket<S: ShardBuffers + ?Sized>(
+    pub fn run_bucket<S: StagedShards<Staging = B> + ?Sized>(
         &mut self,
         comm: &Communicator,
         bucket: usize,
@@ -153,7 +161,7 @@ impl<'p> Refit<'p> {
         Ok(())
     }
 
-    fn bucket<S: ShardBuffers + ?Sized>(
+    fn bucket<S: StagedShards<Staging = B> + ?Sized>(
         &mut self,
         comm: &Communicator,
         bucket: usize,
@@ -161,7 +169,6 @@ impl<'p> Refit<'p> {
     ) -> Result<RefitStats, ExecError> {
         let Refit {
             plan,
-            me,
             messages,
             pool,
             ..
@@ -178,16 +185,18 @@ impl<'p> Refit<'p> {
         };
         let mut parts = Vec::with_capacity(work.sends.len() + work.recvs.len());
         for message in &work.sends {
-            let mut buf = take(pool, message.bytes);
+            let mut buf = take(pool, message.bytes, &*shards)?;
+            let mut at = 0;
             for &t in &message.transfers {
-                pack(plan, *me, &plan.transfers()[t], &*shards, &mut buf)?;
+                let t = &plan.transfers()[t];
+                shards.pack(t.param, &plan.params()[t.param], &t.runs, &mut buf, at)?;
+                at += t.runs.bytes() as usize;
             }
             stats.sent += buf.len() as u64;
             parts.push(P2p::send(buf, message.peer));
         }
         for message in &work.recvs {
-            let mut buf = take(pool, message.bytes);
-            buf.resize(message.bytes, 0);
+            let buf = take(pool, message.bytes, &*shards)?;
             stats.received += buf.len() as u64;
             parts.push(P2p::recv(buf, message.peer));
         }
@@ -204,7 +213,9 @@ impl<'p> Refit<'p> {
         for (message, buf) in work.recvs.iter().zip(bufs) {
             let mut at = 0;
             for &t in &message.transfers {
-                at = unpack(plan, *me, &plan.transfers()[t], &buf, at, shards)?;
+                let t = &plan.transfers()[t];
+                shards.unpack(t.param, &plan.params()[t.param], &t.runs, &buf, at)?;
+                at += t.runs.bytes() as usize;
             }
             pool.push(buf);
         }
@@ -213,31 +224,35 @@ impl<'p> Refit<'p> {
     }
 }
 
-/// An empty staging buffer for `bytes`: the smallest kept one that holds them without growing, else a new one.
-fn take(pool: &mut Vec<Vec<u8>>, bytes: usize) -> Vec<u8> {
+/// A staging buffer of `bytes`: the smallest kept one that holds them without growing, else a new one.
+fn take<S: StagedShards + ?Sized>(
+    pool: &mut Vec<S::Staging>,
+    bytes: usize,
+    shards: &S,
+) -> Result<S::Staging, ExecError> {
     let fit = pool
         .iter()
         .enumerate()
-        .filter(|(_, b)| b.capacity() >= bytes)
-        .min_by_key(|(_, b)| b.capacity())
+        .filter(|(_, b)| b.capacity_bytes() >= bytes)
+        .min_by_key(|(_, b)| b.capacity_bytes())
         .map(|(i, _)| i);
     match fit {
         Some(i) => {
             let mut buf = pool.swap_remove(i);
-            buf.clear();
-            buf
+            buf.fit(bytes)?;
+            Ok(buf)
         }
-        None => Vec::with_capacity(bytes),
+        None => shards.staging(bytes),
     }
 }
 
 /// Drops the largest kept buffers until those kept hold at most two buckets.
-fn trim(pool: &mut Vec<Vec<u8>>, bucket_bytes: u64) {
+fn trim<B: Staging>(pool: &mut Vec<B>, bucket_bytes: u64) {
     let limit = usize::try_from(bucket_bytes.saturating_mul(2)).unwrap_or(usize::MAX);
-    pool.sort_by_key(|b| std::cmp::Reverse(b.capacity()));
-    let mut kept: usize = pool.iter().map(Vec::capacity).sum();
+    pool.sort_by_key(|b| std::cmp::Reverse(b.capacity_bytes()));
+    let mut kept: usize = pool.iter().map(Staging::capacity_bytes).sum();
     while kept > limit {
-        kept -= pool.remove(0).capacity();
+        kept -= pool.remove(0).capacity_bytes();
     }
 }
 
@@ -249,88 +264,27 @@ fn shard_size(param: &PlanParam, me: Peer) -> (u64, &'static str) {
     }
 }
 
-/// Fails unless `shard` has the plan's size for `param` on `me`'s side.
-fn check_size(shard: &[u8], param: &PlanParam, me: Peer) -> Result<(), ExecError> {
+/// Fails unless a shard of `have` bytes has the plan's size for `param` on `me`'s side.
+fn check_size(have: u64, param: &PlanParam, me: Peer) -> Result<(), ExecError> {
     let (want, side) = shard_size(param, me);
-    if shard.len() as u64 != want {
+    if have != want {
         return Err(ExecError::ShardSize {
             peer: me,
             name: param.name.clone(),
             side,
-            have: shard.len() as u64,
+            have,
             want,
         });
     }
     Ok(())
 }
 
-/// Appends the bytes `t` sends, read from this rank's shard, to `out`.
-fn pack<S: ShardBuffers + ?Sized>(
-    plan: &RefitPlan,
-    me: Peer,
-    t: &Transfer,
-    shards: &S,
-    out: &mut Vec<u8>,
-) -> Result<(), ExecError> {
-    let param = &plan.params()[t.param];
-    shards.read_shard(t.param, param, &mut |shard| {
-        check_size(shard, param, me)?;
-        for (src, _, len) in t.runs.iter() {
-            // Within the shard: the plan's runs lie inside shards of the size just checked.
-            let run = shard
-                .get(src as usize..(src + len) as usize)
-                .ok_or_else(|| outside(param, me, src + len, shard.len()))?;
-            out.extend_from_slice(run);
-        }
-        Ok(())
-    })
-}
-
-/// Copies the bytes of `t`, found in `message` from offset `at`, into this rank's shard; returns the offset
-/// after them.
-fn unpack<S: ShardBuffers + ?Sized>(
-    plan: &RefitPlan,
-    me: Peer,
-    t: &Transfer,
-    message: &[u8],
-    mut at: usize,
-    shards: &mut S,
-) -> Result<usize, ExecError> {
-    let param = &plan.params()[t.param];
-    shards.write_shard(t.param, param, &mut |shard| {
-        check_size(shard, param, me)?;
-        let shard_len = shard.len();
-        for (_, dst, len) in t.runs.iter() {
-            let len = len as usize;
-            let into = shard
-                .get_mut(dst as usize..dst as usize + len)
-                .ok_or_else(|| outside(param, me, dst + len as u64, shard_len))?;
-            // The message holds exactly the transfers' bytes: the sender packed these same runs.
-            let from = message
-                .get(at..at + len)
-                .ok_or_else(|| ExecError::Buffers {
-                    name: param.name.clone(),
-                    why: format!(
-                        "a received message of {} bytes ends before byte {}",
-                        message.len(),
-                        at + len
-                    ),
-                })?;
-            into.copy_from_slice(from);
-            at += len;
-        }
-        Ok(())
-    })?;
-    Ok(at)
-}
-
 /// The error for a run ending past a shard of the checked size (a plan built for other shardings).
-fn outside(param: &PlanParam, me: Peer, end: u64, len: usize) -> ExecError {
+pub(crate) fn outside(param: &PlanParam, end: usize, len: usize) -> ExecError {
     ExecError::Buffers {
         name: param.name.clone(),
         why: format!(
-            "the plan's run ends at byte {end} of {me}'s shard, which has {len}: was the plan built for these \
-             shardings?"
+            "the plan's run ends at byte {end} of a shard of {len} bytes: was the plan built for these shardings?"
         ),
     }
 }
