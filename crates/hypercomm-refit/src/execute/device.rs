@@ -13,8 +13,7 @@ use hypercomm_comm::device::{DeviceBuffer, Gpu};
 use hypercomm_comm::{CommError, Element};
 
 use crate::execute::error::ExecError;
-use crate::execute::run::outside;
-use crate::execute::shards::{StagedShards, short_message};
+use crate::execute::shards::{StagedShards, outside, short_message};
 use crate::{PlanParam, Runs};
 
 /// This rank's shards as device buffers indexed by plan index (an empty buffer for a parameter the rank does not

@@ -278,13 +278,3 @@ fn check_size(have: u64, param: &PlanParam, me: Peer) -> Result<(), ExecError> {
     }
     Ok(())
 }
-
-/// The error for a run ending past a shard of the checked size (a plan built for other shardings).
-pub(crate) fn outside(param: &PlanParam, end: usize, len: usize) -> ExecError {
-    ExecError::Buffers {
-        name: param.name.clone(),
-        why: format!(
-            "the plan's run ends at byte {end} of a shard of {len} bytes: was the plan built for these shardings?"
-        ),
-    }
-}

@@ -13,7 +13,6 @@ use hypercomm_comm::device::DeviceBuffer;
 use hypercomm_comm::{Buffer, Element, as_bytes, as_bytes_mut};
 
 use crate::execute::error::ExecError;
-use crate::execute::run::outside;
 use crate::{PlanParam, Runs};
 
 /// A staging buffer the executor keeps between buckets: one message's bytes, sent or received in one batch.
@@ -84,6 +83,16 @@ pub trait StagedShards {
         message: &Self::Staging,
         at: usize,
     ) -> Result<(), ExecError>;
+}
+
+/// The error for a run ending past a shard of the checked size (a plan built for other shardings).
+pub(crate) fn outside(param: &PlanParam, end: usize, len: usize) -> ExecError {
+    ExecError::Buffers {
+        name: param.name.clone(),
+        why: format!(
+            "the plan's run ends at byte {end} of a shard of {len} bytes: was the plan built for these shardings?"
+        ),
+    }
 }
 
 /// The error for a run past the end of a staging buffer (a message shorter than its transfers).
