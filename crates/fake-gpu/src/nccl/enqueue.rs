@@ -60,6 +60,13 @@ unsafe fn enqueue(c: ncclComm_t, call: Call, s: cudaStream_t) -> ncclResult_t {
     if let Err(e) = comm.ensure_ready("a collective") {
         return e;
     }
+    if comm.revoked() {
+        eprintln!(
+            "fake-nccl: {}: a collective on a revoked communicator",
+            comm.label()
+        );
+        return INVALID_USAGE;
+    }
     let issued = match issue(&comm, call) {
         Ok(i) => i,
         Err((code, why)) => {
