@@ -81,16 +81,16 @@ pub(crate) fn exchange_root() -> PathBuf {
     }
 }
 
-/// `FAKE_GPU_TRACE_CALLS=1`: every driver call is logged to stderr as `fake-cuda: call <name> on <thread id>`
-/// (`ThreadId(7)`, as Rust's `Debug` writes it), so that a test can count the calls an operation makes on its
-/// own thread (on a GPU, hypercomm's own cost per operation is mostly driver calls; a watchdog's queries from its
-/// thread are not). A variant that forwards to another entry point (`cuMemFree_v2`, `cuEventRecordWithFlags`, ...)
-/// is logged under the call it forwards to.
+/// `FAKE_GPU_TRACE_CALLS=1`: every driver call is logged to stderr as `fake-cuda: call <name> on thread <tid>`,
+/// `<tid>` the kernel's id of the calling thread (`gettid`), so that a test can count the calls an operation makes
+/// on its own thread (on a GPU, hypercomm's own cost per operation is mostly driver calls; a watchdog's queries
+/// from its thread are not). A variant that forwards to another entry point (`cuMemFree_v2`,
+/// `cuEventRecordWithFlags`, ...) is logged under the call it forwards to.
 pub(crate) fn trace_call(name: &str) {
     if std::env::var_os("FAKE_GPU_TRACE_CALLS").is_some_and(|v| v == "1") {
         eprintln!(
-            "fake-cuda: call {name} on {:?}",
-            std::thread::current().id()
+            "fake-cuda: call {name} on thread {}",
+            rustix::thread::gettid().as_raw_nonzero()
         );
     }
 }

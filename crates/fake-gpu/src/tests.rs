@@ -394,13 +394,21 @@ fn a_revoke_from_another_thread_ends_a_blocking_call_waiting_for_peers() {
         let started = Instant::now();
         let answer = sum_in_place(buf, c, s);
         let waited = started.elapsed();
-        assert_eq!(revoker.join().unwrap(), 0, "a blocking revoke settles in the call");
+        assert_eq!(
+            revoker.join().unwrap(),
+            0,
+            "a blocking revoke settles in the call"
+        );
         assert_ne!(answer, 0, "the call gave up: its peer never connected");
         assert!(
             waited >= Duration::from_millis(200) && waited < Duration::from_secs(10),
             "the call returned after {waited:?}"
         );
-        assert_eq!(sum_in_place(buf, c, s), 5, "a revoked communicator refuses work");
+        assert_eq!(
+            sum_in_place(buf, c, s),
+            5,
+            "a revoked communicator refuses work"
+        );
         // SAFETY: live stream, then a live communicator not used again.
         unsafe {
             assert_eq!(cuStreamSynchronize(s), 0);

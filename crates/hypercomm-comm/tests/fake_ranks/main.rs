@@ -8,7 +8,8 @@
 //! - [`collectives`]: every type and reduction, every collective's data, the operations the device gained;
 //! - [`splits`]: a non-blocking split and shrink giving working children;
 //! - [`streams`]: results ordered without a CPU wait, twin communicators on their own streams;
-//! - [`failures`]: timeouts, aborts and asynchronous errors, reported rather than hung;
+//! - [`failures`]: timeouts, aborts and asynchronous errors, reported rather than hung, and what the GPU's watchdog
+//!   stops that would otherwise hang;
 //! - [`placement`]: two ranks on one device (NCCL 2.30), ranks as processes;
 //! - [`raw`]: NCCL called directly on a communicator's handle, between hypercomm's operations.
 
@@ -94,6 +95,33 @@ fn suite_failures_are_reported_not_hung() {
     pass_under_fake(
         "failures::fake_an_asynchronous_error_breaks_the_communicator",
         &[("FAKE_NCCL_FAIL_AFTER", "2")],
+    );
+}
+
+#[test]
+fn suite_the_watchdog_stops_what_would_hang() {
+    // The fake's own peer timeout (30 s) stands in for a collective that never ends: the watchdog must act first.
+    pass_under_fake(
+        "failures::fake_a_rank_that_never_calls_is_named_while_the_others_only_order_their_streams",
+        &[(DEVICES, "3"), ("FAKE_NCCL_TIMEOUT_SECS", "30")],
+    );
+    let flight = std::env::temp_dir().join(format!("hypercomm-flight-{}", std::process::id()));
+    let dir = flight.to_string_lossy().into_owned();
+    pass_under_fake(
+        "failures::fake_an_asynchronous_error_stops_every_communicator_of_the_collection",
+        &[
+            (DEVICES, "2"),
+            ("FAKE_NCCL_TIMEOUT_SECS", "30"),
+            ("FAKE_NCCL_FAIL_AFTER", "2"),
+            ("FAKE_NCCL_FAIL_RANK", "0"),
+            ("FAKE_GPU_STREAM_DELAY_MS", "100"),
+            (hypercomm_comm::device::FLIGHT_RECORDER_DIR_ENV, &dir),
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&flight);
+    pass_under_fake(
+        "failures::fake_an_abort_beside_a_call_inside_nccl_revokes_instead_of_freeing",
+        &[(DEVICES, "2"), ("FAKE_NCCL_TIMEOUT_SECS", "30")],
     );
 }
 

@@ -74,6 +74,7 @@ impl DeviceCommunicator {
             self.gpu.return_event(event);
             return Err(cuda_err(&self.options.name, "recording an event")(e));
         }
+        self.watch(&event)?;
         Ok(DeviceWork {
             value: Some(value),
             event: Some(event),
@@ -126,8 +127,10 @@ impl DeviceCommunicator {
         buf: DeviceBuffer<T>,
     ) -> Result<Work<DeviceBuffer<T>>, CommError> {
         let shape = Shape::InPlace(buf.len());
-        self.one_buffer(buf, |p, _| self.calls(op, shape, T::DTYPE, p, p))
-            .map(Work::from)
+        self.recorded(op.name(), T::DTYPE, buf.len(), || {
+            self.one_buffer(buf, |p, _| self.calls(op, shape, T::DTYPE, p, p))
+        })
+        .map(Work::from)
     }
 
     /// Runs `op`, which the face has checked, from `input` into `output`.
@@ -141,8 +144,11 @@ impl DeviceCommunicator {
             input: input.len(),
             output: output.len(),
         };
-        self.two_buffers(input, output, |s, r| self.calls(op, shape, T::DTYPE, s, r))
-            .map(Work::from)
+        let count = input.len();
+        self.recorded(op.name(), T::DTYPE, count, || {
+            self.two_buffers(input, output, |s, r| self.calls(op, shape, T::DTYPE, s, r))
+        })
+        .map(Work::from)
     }
 
     /// Runs the batch `op`, which the face has checked, over `bufs` (one per part, all on this device) as one
@@ -190,8 +196,12 @@ impl DeviceCommunicator {
                 }
             })
             .collect();
-        self.enqueue(&calls)?;
-        self.finish(bufs, Vec::new()).map(Work::from)
+        let count = bufs.iter().map(DeviceBuffer::len).sum();
+        self.recorded(op.name(), T::DTYPE, count, || {
+            self.enqueue(&calls)?;
+            self.finish(bufs, Vec::new())
+        })
+        .map(Work::from)
     }
 
     /// The NCCL calls that run `op` over buffers of `shape` at device addresses `send` (read) and `recv`

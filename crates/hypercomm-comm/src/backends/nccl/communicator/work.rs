@@ -5,16 +5,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::driver::CudaStream;
 
 use super::super::comm::{Backoff, NcclComm};
+use super::super::events::SharedEvent;
 use super::super::gpu::{DeviceBuffer, Gpu, cuda_err};
 use crate::CommError;
 
 /// The pending result of a device operation: the buffers it took, once the operation is ordered or done.
 pub(crate) struct DeviceWork<R> {
     pub(super) value: Option<R>,
-    pub(super) event: Option<CudaEvent>,
+    pub(super) event: Option<SharedEvent>,
     /// The stream the operation was enqueued on.
     pub(super) stream: Arc<CudaStream>,
     pub(super) comm: Arc<NcclComm>,
