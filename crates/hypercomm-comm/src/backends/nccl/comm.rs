@@ -31,6 +31,7 @@ use nccl_sys::{Function, Nccl, NcclError};
 
 use super::flight::FlightRecorder;
 use super::raw::{self, CommHandle, Progress};
+use crate::error::RootCause;
 use crate::failure::Member;
 use crate::{CommError, FailureDomain};
 
@@ -108,6 +109,9 @@ pub(crate) struct NcclComm {
     settling: AtomicBool,
     /// Why it broke: set once, by the first failure (read without a lock on every call).
     broken: OnceLock<String>,
+    /// The timeout that broke it, when one did: what a waiter on its operations reports (later calls report
+    /// [`CommError::Broken`]).
+    timed_out: OnceLock<TimedOut>,
     pub(crate) name: String,
     pub(crate) timeout: Duration,
     pub(crate) non_blocking: bool,
@@ -144,6 +148,7 @@ impl NcclComm {
             revoked: AtomicBool::new(false),
             settling: AtomicBool::new(false),
             broken: OnceLock::new(),
+            timed_out: OnceLock::new(),
             recorder: FlightRecorder::new(&name, 0, None),
             name,
             timeout,
@@ -291,6 +296,9 @@ impl NcclComm {
         let mut backoff = Backoff::new(Duration::from_micros(200));
         // Bounded by the deadline.
         loop {
+            if let Some(t) = self.timed_out.get() {
+                return Err(t.error(&self.name));
+            }
             self.fail_if_broken()?;
             let done = event
                 .try_is_complete()
@@ -319,6 +327,9 @@ impl NcclComm {
             while self.broken().is_none() && Instant::now() < deadline {
                 backoff.pause();
             }
+            if let Some(t) = self.timed_out.get() {
+                return t.error(&self.name);
+            }
             return CommError::Broken {
                 comm: self.name.clone(),
                 cause: self
@@ -335,6 +346,9 @@ impl NcclComm {
             during,
         );
         self.recorder.time_out_oldest();
+        if let Some(t) = TimedOut::of(&error) {
+            let _ = self.timed_out.set(t);
+        }
         self.fail(&error);
         self.stop(&error.to_string());
         error
@@ -413,6 +427,49 @@ impl NcclComm {
         lock(&self.live).take();
         if let Err(e) = raw::abort(self.nccl(), h) {
             tracing::warn!(comm = %self.name, error = %e, "ncclCommAbort failed");
+        }
+    }
+}
+
+/// A [`CommError::Timeout`] kept to hand each waiter a copy (`CommError` itself is not `Clone`).
+#[derive(Clone, Debug)]
+struct TimedOut {
+    members: Vec<usize>,
+    missing: Vec<usize>,
+    after: Duration,
+    during: String,
+    cause: Option<Box<RootCause>>,
+}
+
+impl TimedOut {
+    fn of(error: &CommError) -> Option<TimedOut> {
+        match error {
+            CommError::Timeout {
+                members,
+                missing,
+                after,
+                during,
+                cause,
+                ..
+            } => Some(TimedOut {
+                members: members.clone(),
+                missing: missing.clone(),
+                after: *after,
+                during: during.clone(),
+                cause: cause.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn error(&self, comm: &str) -> CommError {
+        CommError::Timeout {
+            comm: comm.to_owned(),
+            members: self.members.clone(),
+            missing: self.missing.clone(),
+            after: self.after,
+            during: self.during.clone(),
+            cause: self.cause.clone(),
         }
     }
 }
