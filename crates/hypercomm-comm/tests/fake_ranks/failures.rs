@@ -302,6 +302,7 @@ fn fake_a_rank_that_never_calls_is_named_while_the_others_only_order_their_strea
             .expect_err("the communicator is stopped");
         let took = started.elapsed();
         finished.fetch_add(1, Ordering::Release);
+        eprintln!("watchdog-case: never-calls: rank {rank} failed after {took:?}: {later}");
         assert!(took < WATCHED_TIMEOUT + Duration::from_secs(5), "{took:?}");
         let text = later.to_string();
         assert!(text.contains("behind/device"), "{text}");
@@ -388,6 +389,7 @@ fn fake_an_asynchronous_error_stops_every_communicator_of_the_collection() {
         (seen, started.elapsed(), record)
     });
     for (rank, (seen, took, record)) in outcomes.iter().enumerate() {
+        eprintln!("watchdog-case: collection: rank {rank} stopped after {took:?}: {seen}");
         assert!(seen.contains("ncclRemoteError"), "rank {rank}: {seen}");
         assert!(*took < Duration::from_secs(15), "rank {rank}: {took:?}");
         assert_eq!(record.issued, 3, "rank {rank}");
@@ -437,6 +439,7 @@ fn fake_an_abort_beside_a_call_inside_nccl_revokes_instead_of_freeing() {
         });
         let took = started.elapsed();
         finished.fetch_add(1, Ordering::Release);
+        eprintln!("watchdog-case: revoke: the call returned after {took:?}: {e}");
         assert!(
             took < Duration::from_secs(10),
             "the call stayed inside NCCL for {took:?}: {e}"
