@@ -81,14 +81,19 @@ pub(crate) fn exchange_root() -> PathBuf {
     }
 }
 
-/// `FAKE_GPU_TRACE_CALLS=1`: every driver call is logged to stderr as `fake-cuda: call <name>`, so that a test can
-/// count the calls an operation makes (on a GPU, hypercomm's own cost per operation is mostly driver calls). A
-/// variant that forwards to another entry point (`cuMemFree_v2`, `cuEventRecordWithFlags`, ...) is logged under
-/// the call it forwards to. NCCL's `ncclRedOpCreatePreMulSum` and `ncclRedOpDestroy` are logged the same way, so
-/// that a test can count the reductions a communicator creates and releases.
+/// `FAKE_GPU_TRACE_CALLS=1`: every driver call is logged to stderr as `fake-cuda: call <name> on thread <tid>`,
+/// `<tid>` the kernel's id of the calling thread (`gettid`), so that a test can count the calls an operation makes
+/// on its own thread (on a GPU, hypercomm's own cost per operation is mostly driver calls; a watchdog's queries
+/// from its thread are not). A variant that forwards to another entry point (`cuMemFree_v2`,
+/// `cuEventRecordWithFlags`, ...) is logged under the call it forwards to. NCCL's `ncclRedOpCreatePreMulSum` and
+/// `ncclRedOpDestroy` are logged the same way, so that a test can count the reductions a communicator creates and
+/// releases.
 pub(crate) fn trace_call(name: &str) {
     if std::env::var_os("FAKE_GPU_TRACE_CALLS").is_some_and(|v| v == "1") {
-        eprintln!("fake-cuda: call {name}");
+        eprintln!(
+            "fake-cuda: call {name} on thread {}",
+            rustix::thread::gettid().as_raw_nonzero()
+        );
     }
 }
 

@@ -479,3 +479,114 @@ fn a_created_premulsum_belongs_to_one_communicator_and_one_type_until_destroyed(
         .collect();
     assert_eq!(results, [want.clone(), want]);
 }
+
+#[test]
+fn a_revoke_from_another_thread_ends_a_blocking_call_waiting_for_peers() {
+    // Rank 1 joins but never calls: rank 0's first (blocking) all-reduce waits in the call for it to connect, as
+    // NCCL's does. A watchdog cannot abort from another thread there (ncclCommAbort frees the communicator under
+    // the call); ncclCommRevoke may run beside it, and the call returns.
+    let id = unique_id();
+    let (finished, done) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            cuCtxSetCurrent(std::ptr::without_provenance_mut(2));
+            let mut c = null_mut();
+            // SAFETY: `c` is a live local; no config means blocking.
+            assert_eq!(unsafe { ncclCommInitRank(&mut c, 2, id, 1) }, 0);
+            // Until rank 0 is done (or has panicked: the sender is dropped then too).
+            let _ = done.recv_timeout(Duration::from_secs(60));
+            // SAFETY: live, not used again.
+            assert_eq!(unsafe { ncclCommDestroy(c) }, 0);
+        });
+        cuCtxSetCurrent(std::ptr::without_provenance_mut(1));
+        let mut c = null_mut();
+        // SAFETY: `c` is a live local; no config means blocking.
+        assert_eq!(unsafe { ncclCommInitRank(&mut c, 2, id, 0) }, 0);
+        let (s, buf) = (stream(), alloc(4));
+        upload_f32(buf, 1.0, s);
+        let handle = c as usize;
+        let revoker = scope.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            // SAFETY: the communicator stays allocated until rank 0 destroys it, after this thread is joined.
+            unsafe { ncclCommRevoke(handle as ncclComm_t, 0) }
+        });
+        let started = Instant::now();
+        let answer = sum_in_place(buf, c, s);
+        let waited = started.elapsed();
+        assert_eq!(
+            revoker.join().unwrap(),
+            0,
+            "a blocking revoke settles in the call"
+        );
+        assert_ne!(answer, 0, "the call gave up: its peer never connected");
+        assert!(
+            waited >= Duration::from_millis(200) && waited < Duration::from_secs(10),
+            "the call returned after {waited:?}"
+        );
+        assert_eq!(
+            sum_in_place(buf, c, s),
+            5,
+            "a revoked communicator refuses work"
+        );
+        // SAFETY: live stream, then a live communicator not used again.
+        unsafe {
+            assert_eq!(cuStreamSynchronize(s), 0);
+            assert_eq!(ncclCommAbort(c), 0);
+        }
+        drop(finished);
+    });
+}
+
+#[test]
+fn a_host_copy_behind_a_collective_waits_for_it_until_its_communicator_is_aborted() {
+    // Both ranks connect with a first all-reduce; rank 1 never makes the second. Rank 0's stream waits on the
+    // collective, and a copy to the host behind it blocks, as on a GPU, until the communicator is aborted (NCCL's
+    // kernel then ends, its output undefined); then it returns and the stream goes on.
+    let id = unique_id();
+    let (finished, done) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let c = join(id, 1, 2);
+            let (s, buf) = (stream(), alloc(4));
+            upload_f32(buf, 1.0, s);
+            assert_eq!(sum_in_place(buf, c, s), 7);
+            settle(c);
+            // Until rank 0 is done (or has panicked: the sender is dropped then too).
+            let _ = done.recv_timeout(Duration::from_secs(60));
+            // SAFETY: live, not used again.
+            assert_eq!(unsafe { ncclCommDestroy(c) }, 0);
+        });
+        let c = join(id, 0, 2);
+        let (s, buf) = (stream(), alloc(4));
+        upload_f32(buf, 1.0, s);
+        assert_eq!(sum_in_place(buf, c, s), 7);
+        // Connected once rank 0's first all-reduce settles (rank 1 has called its own).
+        settle(c);
+        assert_eq!(sum_in_place(buf, c, s), 7);
+        settle(c);
+        let handle = c as usize;
+        let aborter = scope.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            // SAFETY: no call is inside the communicator (the main thread is in a copy), and it is not used again.
+            unsafe { ncclCommAbort(handle as ncclComm_t) }
+        });
+        let gate = event();
+        let mut out = [0u8; 4];
+        let started = Instant::now();
+        // SAFETY: live event and streams; `buf` and `out` hold 4 bytes. The null stream's wait and copy block.
+        unsafe {
+            assert_eq!(cuEventRecord(gate, s), 0);
+            assert_eq!(cuStreamWaitEvent(null_mut(), gate, 0), 0);
+            assert_eq!(cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), buf, 4, s), 0);
+        }
+        let waited = started.elapsed();
+        assert_eq!(aborter.join().unwrap(), 0);
+        assert!(
+            waited >= Duration::from_millis(200) && waited < Duration::from_secs(10),
+            "the copy returned after {waited:?}"
+        );
+        // SAFETY: live stream.
+        assert_eq!(unsafe { cuStreamSynchronize(s) }, 0, "the stream went on");
+        drop(finished);
+    });
+}

@@ -19,6 +19,11 @@
 //! 64 bytes a bucket) holds them all. A sync through the window takes about two thirds of the time of one through
 //! vectors (`cargo bench --features candle --bench grad_sync`; figures in `docs/perf/candle.md`).
 //!
+//! On CUDA tensors (feature `cuda`), the buckets' all-reduces run on NCCL and are waited for on candle's stream,
+//! not the CPU; the GPU's watchdog bounds each of them by the group's timeout all the same, so a rank that never
+//! syncs makes the others' next sync (or anything else on the collection) fail naming it, rather than hang (see
+//! `device`).
+//!
 //! Every rank must pass the same variables (shapes and dtypes) in the same order, so that the buckets line up;
 //! [`GradSync::sync_varmap`] sorts a `VarMap`'s variables by name for that (a `VarMap` iterates a hash map, whose
 //! order differs between processes). A variable without a gradient on a rank counts as zeros there, so the

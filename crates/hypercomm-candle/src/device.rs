@@ -17,6 +17,14 @@
 //! candle's `CudaDevice` and hypercomm's [`Gpu`](hypercomm_comm::device::Gpu) both retain the device's primary
 //! context, so their memory and streams are interchangeable. A tensor on another device than the group's GPU is
 //! an error naming both.
+//!
+//! Nothing here waits on the CPU, so nothing here bounds a collective whose peer never comes: the `Gpu`'s
+//! watchdog does. Every collective these ops issue is watched like any device operation of the communicator;
+//! past the group's timeout (or on an asynchronous NCCL error) the watchdog stops the communicator and every
+//! communicator of the collection, candle's stream (ordered after the collective) goes on with undefined data in
+//! that result, and the next collective, sync or host operation on any group fails with the recorded cause,
+//! naming the rank behind where the ranks' progress shows one. Reading a tensor back to the host (`to_vec1`, a
+//! loss value) blocks at most that long.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};

@@ -198,7 +198,12 @@ impl FailureDomain {
     /// Writes this rank's record to the store, waiting at most [`PUBLISH_WAIT`]: long enough for a live store,
     /// short enough that a dead one barely delays the abort. The write goes on in the background past that.
     fn publish(&self, record: &Record) {
-        let (store, key, value) = (Arc::clone(&self.store), self.key(self.me), encode(record));
+        self.publish_bytes(self.key(self.me), encode(record));
+    }
+
+    /// Writes `value` under `key`, waiting at most [`PUBLISH_WAIT`] (see [`publish`](Self::publish)).
+    fn publish_bytes(&self, key: Key, value: Vec<u8>) {
+        let store = Arc::clone(&self.store);
         let (done, written) = std::sync::mpsc::channel();
         // A failure to start the thread or to write only costs the peers the detail; they still fail.
         let spawned = std::thread::Builder::new()
@@ -410,21 +415,41 @@ impl FailureDomain {
     }
 
     /// Settles the fatal failure `error` of the NCCL communicator `comm` (already broken): records it as this
-    /// rank's root cause unless it has one (NCCL does not say which rank was lost: a cause without ranks, timed
-    /// out as [`Fault::Missing`], anything else as [`Fault::Died`]) and aborts every other member of the domain.
+    /// rank's root cause unless it has one, and aborts every other member of the domain. The cause is the
+    /// error's own when it has one (a timeout whose ranks compared their progress names the rank behind);
+    /// otherwise NCCL did not say which rank was lost: a cause without ranks, timed out as [`Fault::Missing`],
+    /// anything else as [`Fault::Died`].
     pub(crate) fn settle_device(&self, comm: &str, error: &CommError) {
         let fault = match error {
             CommError::Timeout { .. } => Fault::Missing,
             _ => Fault::Died,
         };
-        self.record(Record::Final(RootCause {
+        let cause = error.root_cause().cloned().unwrap_or_else(|| RootCause {
             ranks: Vec::new(),
             fault,
             comm: comm.to_owned(),
             seen_by: self.me,
             detail: format!("nccl communicator {comm} failed: {error}"),
-        }));
+        });
+        self.record(Record::Final(cause));
         self.abort_all(error);
+    }
+
+    /// The key under which this rank's progress on the NCCL communicator `comm` goes (see `behind`): beside the
+    /// failure records, under the domain's prefix.
+    fn progress_key(&self, comm: &str, rank: usize) -> Key {
+        self.prefix.clone().push("progress").push(comm).push(rank)
+    }
+
+    /// Publishes `value` as this rank's progress on the NCCL communicator `comm`, waiting at most
+    /// [`PUBLISH_WAIT`].
+    pub(crate) fn publish_progress(&self, comm: &str, value: Vec<u8>) {
+        self.publish_bytes(self.progress_key(comm, self.me), value);
+    }
+
+    /// Member `rank`'s progress on the NCCL communicator `comm`, waiting up to `wait` for it to appear.
+    pub(crate) fn read_progress(&self, comm: &str, rank: usize, wait: Duration) -> Option<Vec<u8>> {
+        self.store.get(&self.progress_key(comm, rank), wait).ok()
     }
 
     /// Aborts every member of the domain that is not broken yet, with `error` as their cause.

@@ -20,7 +20,9 @@
 //!    [`Communicator::new`]); the communicator is then broken and [`Communicator::abort`] releases it. Ranks stopped
 //!    by the news (a peer's abort, a peer that exited after its own error) report the root cause that peer
 //!    recorded ([`CommError::lost_ranks`], [`CommError::root_cause`]); communicators that share a
-//!    [`FailureDomain`] record one root cause per rank and abort together.
+//!    [`FailureDomain`] record one root cause per rank and abort together. On a GPU, each device's watchdog bounds
+//!    every operation in flight by its communicator's timeout however it is waited for, and names the rank behind
+//!    (see [`device`]).
 //!
 //! The flavors: the host one runs on CPU memory, shared memory on one machine and TCP across machines (see
 //! `backends/host`); buffers allocated with [`Communicator::symmetric_buffer`] live in memory every rank on the

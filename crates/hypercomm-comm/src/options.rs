@@ -69,6 +69,15 @@ pub struct CommOptions {
     /// Host backend: a function called at every named [`Step`](crate::Step) of the bootstrap (fault injection;
     /// see [`StepHook`]). Unset by default. Other backends do not call it.
     pub on_step: Option<StepHook>,
+    /// NCCL flavor: how many of its last device operations the communicator's flight recorder keeps (default
+    /// [`DEFAULT_FLIGHT_RECORDER_LEN`](crate::device::DEFAULT_FLIGHT_RECORDER_LEN); 0 keeps only the last started
+    /// and completed). A communicator without a GPU has no device operations to record.
+    pub flight_recorder_len: usize,
+    /// NCCL flavor: the folder the flight record goes to as JSON when the communicator breaks
+    /// (`<communicator name>.rank<member id>.json`). Unset: the environment variable
+    /// [`FLIGHT_RECORDER_DIR_ENV`](crate::device::FLIGHT_RECORDER_DIR_ENV) as the device runtime's
+    /// `probe_with_env` read it, else nowhere.
+    pub flight_recorder_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for CommOptions {
@@ -91,6 +100,8 @@ impl CommOptions {
             nccl: NcclOptions::default(),
             failure_domain: None,
             on_step: None,
+            flight_recorder_len: crate::device::DEFAULT_FLIGHT_RECORDER_LEN,
+            flight_recorder_dir: None,
         }
     }
 

@@ -11,6 +11,11 @@
 //! - [`Work::wait_on`] makes a CUDA stream wait for the operation instead, without blocking the CPU: work the caller
 //!   enqueues on that stream afterwards sees the result. For a host operation, which has no stream, it is
 //!   [`Work::wait`].
+//!
+//! A device operation is bounded by its communicator's timeout whichever way it is waited for, or if its handle is
+//! dropped: its GPU's watchdog watches it until it completes, and past the timeout (or on an asynchronous NCCL
+//! error) stops the communicator, so a stream ordered after it goes on, and every communicator of its failure
+//! domain, whose next call or wait fails with the recorded cause.
 
 use std::time::Duration;
 
@@ -65,8 +70,9 @@ impl<R> Work<R> {
     }
 
     /// Orders `stream` after the operation and gives its buffers back, without blocking the CPU on a device
-    /// operation (on the communicator's own stream this costs nothing). A host operation has no stream to order:
-    /// this waits for it, as [`wait`](Self::wait) does.
+    /// operation (on the communicator's own stream this costs nothing); the GPU's watchdog still bounds the
+    /// operation by the communicator's timeout. A host operation has no stream to order: this waits for it, as
+    /// [`wait`](Self::wait) does.
     pub fn wait_on(self, stream: &CudaStream) -> Result<R, CommError> {
         match self.flavor {
             Flavor::Host(w) => w.wait(),

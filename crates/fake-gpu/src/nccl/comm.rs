@@ -39,6 +39,8 @@ pub(crate) struct Comm {
     pub stop: AtomicBool,
     /// Set by `ncclCommAbort` and destroy: control exchanges give up too.
     pub gone: AtomicBool,
+    /// Set by `ncclCommRevoke`: in-flight operations give up without an error, later ones are refused.
+    revoked: AtomicBool,
     next_collective: AtomicU64,
     next_control: AtomicU64,
     next_send: Mutex<Vec<u64>>,
@@ -71,6 +73,7 @@ impl Comm {
             health: Mutex::new(Health::default()),
             stop: AtomicBool::new(false),
             gone: AtomicBool::new(false),
+            revoked: AtomicBool::new(false),
             next_collective: AtomicU64::new(0),
             next_control: AtomicU64::new(0),
             next_send: Mutex::new(vec![0; nranks]),
@@ -94,7 +97,8 @@ impl Comm {
         if let Some(e) = h.error {
             return e;
         }
-        if h.job_running || (h.finalizing && self.in_flight.load(Ordering::Acquire) > 0) {
+        let draining = h.finalizing || self.revoked();
+        if h.job_running || (draining && self.in_flight.load(Ordering::Acquire) > 0) {
             return IN_PROGRESS;
         }
         if h.polls_left > 0 {
@@ -125,8 +129,13 @@ impl Comm {
         }
     }
 
-    /// Records an asynchronous error (the first one sticks) and says why on stderr.
+    /// Records an asynchronous error (the first one sticks) and says why on stderr. Once revoked, work that gave
+    /// up is no error: the communicator stays usable as a parent, as NCCL's does.
     pub(crate) fn fail(&self, code: ncclResult_t, why: &str) {
+        if self.revoked() {
+            eprintln!("fake-nccl: {}: revoked: {why}", self.label());
+            return;
+        }
         eprintln!("fake-nccl: {}: {why}", self.label());
         lock(&self.health).error.get_or_insert(code);
     }
@@ -141,6 +150,17 @@ impl Comm {
             let mut h = lock(&self.health);
             h.polls_left = h.polls_left.max(polls);
         }
+    }
+
+    /// `ncclCommRevoke`: operations waiting for peers give up, and later ones are refused.
+    pub(crate) fn revoke(&self) {
+        self.revoked.store(true, Ordering::Release);
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Whether the communicator was revoked.
+    pub(crate) fn revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
     }
 
     pub(crate) fn set_finalizing(&self) {

@@ -98,6 +98,13 @@ unsafe fn enqueue(name: &str, c: ncclComm_t, call: Call, s: cudaStream_t) -> ncc
         );
         return fail_group(INVALID_ARGUMENT);
     }
+    if comm.revoked() {
+        eprintln!(
+            "fake-nccl: {}: a collective on a revoked communicator",
+            comm.label()
+        );
+        return INVALID_USAGE;
+    }
     let issued = match issue(&comm, call) {
         Ok(i) => i,
         Err((code, why)) => {

@@ -24,6 +24,8 @@
 //! - **Validation**: configs are checked as `parseCommConfig` checks them ([`config`]), ranks and peers as
 //!   NCCL checks them, and every rank of a collective must call the same thing. Created reductions
 //!   ([`red_ops`]) belong to one communicator and one element type.
+//! - **Revoke**: `ncclCommRevoke` stops in-flight work without freeing the communicator, safe beside another
+//!   thread's call on it (a blocking call waiting for peers returns), and refuses later work.
 //! - **Failures on demand**: `FAKE_NCCL_FAIL_AFTER` (and `FAKE_NCCL_FAIL_RANK`) make a communicator fail after K
 //!   operations; a peer that never comes is reported after `FAKE_NCCL_TIMEOUT_SECS`.
 
@@ -240,6 +242,35 @@ pub unsafe extern "C" fn ncclCommAbort(c: ncclComm_t) -> ncclResult_t {
     // SAFETY: the caller's contract.
     unsafe { release(c) }.leave();
     SUCCESS
+}
+
+/// `ncclCommRevoke` (NCCL 2.28): this rank's in-flight operations stop without an error (a call waiting for
+/// peers returns), later ones are refused with `ncclInvalidUsage`; a non-blocking communicator answers
+/// `ncclInProgress` (here and from `ncclCommGetAsyncError`) until its operations have stopped, a blocking one
+/// waits for that in the call. The communicator stays allocated: as in NCCL, this may run while another thread is
+/// inside a call on it, which is why a watchdog revokes rather than aborts.
+///
+/// # Safety
+///
+/// `c` is live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommRevoke(c: ncclComm_t, flags: c_int) -> ncclResult_t {
+    // SAFETY: the caller's contract.
+    let Some(c) = (unsafe { from_handle(c) }) else {
+        return INVALID_ARGUMENT;
+    };
+    if flags != 0 {
+        eprintln!("fake-nccl: ncclCommRevoke: flags {flags} are not NCCL_REVOKE_DEFAULT");
+        return INVALID_ARGUMENT;
+    }
+    c.revoke();
+    if c.non_blocking {
+        return c.async_error();
+    }
+    let stopped = stream::poll_until(knobs::hang_timeout(), || {
+        c.in_flight.load(Ordering::Acquire) == 0
+    });
+    if stopped { SUCCESS } else { SYSTEM_ERROR }
 }
 
 /// `ncclGetErrorString`.

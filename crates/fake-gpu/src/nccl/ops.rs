@@ -284,6 +284,7 @@ pub(crate) unsafe fn run(batch: Vec<Issued>) -> Result<(), String> {
         // SAFETY: the caller's contract, passed on.
         unsafe { run_batch(&comm, &batch) }
     };
+    // A revoke stops in-flight work without an error (see `Comm::fail`).
     if let Err((code, why)) = outcome {
         comm.fail(code, &why);
     }

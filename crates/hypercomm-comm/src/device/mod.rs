@@ -14,6 +14,12 @@
 //!    for calls hypercomm does not make, the raw NCCL communicator
 //!    ([`DeviceCommunicator::with_raw_comm`], with [`DeviceBuffer::address_on`] for the buffers' addresses).
 //!
+//! 6. Nothing hangs silently: each GPU's watchdog thread watches every operation in flight, however it is
+//!    waited for, and past the communicator's timeout (or on an asynchronous NCCL error) stops the communicator
+//!    and every communicator of its failure domain, with an error naming the rank behind where the ranks'
+//!    progress shows one. [`DeviceCommunicator::flight_record`] gives the last operations ([`FlightRecord`]),
+//!    also written as JSON when a communicator breaks ([`FLIGHT_RECORDER_DIR_ENV`]).
+//!
 //! Several ranks on one machine: [`placement`] gives each rank its device, one each where there are enough, and
 //! says what is missing when there are not (several ranks per GPU need NCCL [`MULTI_RANK_GPU_VERSION`]).
 //!
@@ -23,6 +29,9 @@
 
 pub use crate::backends::nccl::DeviceRuntime;
 pub use crate::backends::nccl::communicator::DeviceCommunicator;
+pub use crate::backends::nccl::flight::{
+    DEFAULT_FLIGHT_RECORDER_LEN, FLIGHT_RECORDER_DIR_ENV, FlightEntry, FlightRecord, OpState,
+};
 pub use crate::backends::nccl::gpu::{DeviceBuffer, Gpu};
 pub use crate::backends::nccl::placement::{MULTI_RANK_GPU_VERSION, placement};
 pub use crate::backends::nccl::probe::{DriverInfo, MIN_DRIVER_VERSION};

@@ -1,12 +1,17 @@
 //! Failures reported, not hung: a rank that never joins or never calls (a timeout, and an abort), two ranks on one
 //! device before NCCL 2.30 (refused), an asynchronous NCCL error (both flavors broken), counts that disagree
-//! between peers (reported by the receiver within the timeout).
+//! between peers (reported by the receiver within the timeout). And what the GPU's watchdog adds: a rank that
+//! never calls while the others only order their streams and then copy to the host (named, nothing hangs), an
+//! asynchronous error on one communicator of a collection (every communicator of both ranks stopped), an abort
+//! from another thread while a call is inside NCCL (revoked, not freed under it); each leaves flight records.
 
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use hypercomm_comm::device::Gpu;
-use hypercomm_comm::{CommError, Communicator, P2p, ReduceOp};
+use hypercomm_comm::device::{FLIGHT_RECORDER_DIR_ENV, FlightRecord, Gpu, OpState};
+use hypercomm_comm::{CommError, CommOptions, Communicator, NcclOptions, P2p, ReduceOp};
 use hypercomm_store::{MemoryStore, Store};
 
 use crate::device_checks;
@@ -219,4 +224,229 @@ fn fake_mismatched_counts_between_peers_are_reported_not_hung() {
         comm.all_gather_v(input, output, counts)?.wait().map(drop)
     });
     reported("mismatch-allgatherv", &outcomes, 1);
+}
+
+/// A fresh folder for flight records, named after `test`, inside the fake's scratch folder (removed with it).
+fn flight_dir(test: &str) -> PathBuf {
+    let root = std::env::var_os("FAKE_NCCL_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let dir = root.join(format!("flight-{test}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// The flight record of communicator `comm` at member `rank` written in `dir`.
+fn written_record(dir: &Path, comm: &str, rank: usize) -> FlightRecord {
+    let path = dir.join(format!("{}.rank{rank}.json", comm.replace('/', "_")));
+    let bytes = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("no flight record at {}: {e}", path.display()));
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// Waits up to `limit` for `ready`; whether it came.
+fn eventually(limit: Duration, ready: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !ready() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+const WATCHED_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[test]
+#[ignore = "run under fake-gpu by suite_the_watchdog_stops_what_would_hang"]
+fn fake_a_rank_that_never_calls_is_named_while_the_others_only_order_their_streams() {
+    // Three ranks connect with a first all-reduce; rank 2 never makes the second. Ranks 0 and 1 only order their
+    // streams after it (wait_on) and copy the result to the host, which blocks behind the collective: only the
+    // watchdog can end that. It does, past the timeout, naming rank 2 (it left no progress record) in the group.
+    let dir = flight_dir("never-calls");
+    let finished = AtomicUsize::new(0);
+    ranks(3, |rank, gpu, store| {
+        let comm = Communicator::with_gpu(
+            Arc::clone(&gpu),
+            store,
+            vec![0, 1, 2],
+            rank,
+            CommOptions {
+                timeout: WATCHED_TIMEOUT,
+                flight_recorder_dir: Some(dir.clone()),
+                ..CommOptions::named("behind")
+            },
+        )
+        .unwrap();
+        let first = comm
+            .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
+            .unwrap();
+        assert_eq!(first.wait().unwrap().download().unwrap(), [3.0]);
+        if rank == 2 {
+            // Alive, but busy elsewhere until the others are done.
+            eventually(Duration::from_secs(60), || {
+                finished.load(Ordering::Acquire) == 2
+            });
+            return;
+        }
+        let started = Instant::now();
+        let buf = comm
+            .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
+            .unwrap()
+            .wait_on(nccl(&comm).stream())
+            .unwrap();
+        // Blocks until the collective ends: on a GPU its output is undefined once the communicator is stopped.
+        let _ = buf.download();
+        let later = comm
+            .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
+            .and_then(|w| w.wait())
+            .expect_err("the communicator is stopped");
+        let took = started.elapsed();
+        finished.fetch_add(1, Ordering::Release);
+        eprintln!("watchdog-case: never-calls: rank {rank} failed after {took:?}: {later}");
+        assert!(took < WATCHED_TIMEOUT + Duration::from_secs(5), "{took:?}");
+        let text = later.to_string();
+        assert!(text.contains("behind/device"), "{text}");
+        assert!(text.contains("rank(s) [2]"), "{text}");
+        let cause = comm
+            .failure_domain()
+            .root_cause()
+            .expect("a recorded cause");
+        assert_eq!(cause.ranks, [2], "{cause}");
+        assert_eq!(cause.comm, "behind/device");
+        assert!(cause.detail.contains("op #2 all_reduce"), "{cause}");
+        // Both flavors are stopped, and the flight record says which operation timed out.
+        assert!(comm.broken().is_some() && nccl(&comm).broken().is_some());
+        let record = written_record(&dir, "behind/device", rank);
+        assert_eq!(record, nccl(&comm).flight_record());
+        let states: Vec<(u64, OpState)> = record.ops.iter().map(|e| (e.seq, e.state)).collect();
+        assert_eq!(
+            states[..2],
+            [(1, OpState::Completed), (2, OpState::TimedOut)]
+        );
+        assert!(record.failure.unwrap().contains("rank(s) [2]"));
+        assert!(
+            eventually(Duration::from_secs(2), || gpu.watched_operations() == 0),
+            "the watchdog let go of the stopped communicator's operations within a tick or so"
+        );
+    });
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_the_watchdog_stops_what_would_hang"]
+fn fake_an_asynchronous_error_stops_every_communicator_of_the_collection() {
+    // FAKE_NCCL_FAIL_AFTER=2, FAKE_NCCL_FAIL_RANK=0 and a slow stream: rank 0's third operation on group a fails
+    // asynchronously after its enqueue returned. Rank 0 only orders its stream after it: the watchdog finds the
+    // error, records it and stops every communicator of rank 0's collection, host halves included; rank 1, stuck
+    // in the same collective, learns of it through the host half of group b and stops everything too.
+    // The records go where the environment says (the suite sets it; the runtime reads it when probed).
+    let dir = PathBuf::from(
+        std::env::var_os(FLIGHT_RECORDER_DIR_ENV)
+            .expect("the suite names a folder for flight records"),
+    );
+    let outcomes = ranks(2, |rank, gpu, store| {
+        let pgc = process_group_collection::ProcessGroupCollection::custom("wd")
+            .with_explicit_groups("a", vec![vec![0, 1]])
+            .with_explicit_groups("b", vec![vec![0, 1]])
+            .with_timeout(Duration::from_secs(20))
+            .with_gpu(Arc::clone(&gpu))
+            .build(rank, store)
+            .unwrap();
+        let id = |k: &str| process_group_collection::GroupId::kind(k);
+        let (a, b) = (pgc.get(&id("a")).unwrap(), pgc.get(&id("b")).unwrap());
+        for _ in 0..2 {
+            let sum = a.all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum);
+            assert_eq!(sum.unwrap().wait().unwrap().download().unwrap(), [2.0]);
+        }
+        let started = Instant::now();
+        let third = a
+            .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
+            .unwrap()
+            .wait_on(nccl(a).stream())
+            .unwrap();
+        let seen = if rank == 0 {
+            assert!(
+                eventually(Duration::from_secs(10), || nccl(a).broken().is_some()),
+                "the watchdog did not find the asynchronous error"
+            );
+            nccl(a).broken().unwrap()
+        } else {
+            b.all_reduce(vec![1.0f32], ReduceOp::Sum)
+                .and_then(|w| w.wait())
+                .expect_err("rank 0 stopped group b")
+                .to_string()
+        };
+        drop(third);
+        for id in pgc.groups() {
+            let comm = pgc.get(id).unwrap();
+            assert!(
+                eventually(Duration::from_secs(5), || comm.broken().is_some()
+                    && nccl(comm).broken().is_some()),
+                "rank {rank}: {} still works",
+                comm.name()
+            );
+        }
+        let record = written_record(&dir, nccl(a).name(), rank);
+        (seen, started.elapsed(), record)
+    });
+    for (rank, (seen, took, record)) in outcomes.iter().enumerate() {
+        eprintln!("watchdog-case: collection: rank {rank} stopped after {took:?}: {seen}");
+        assert!(seen.contains("ncclRemoteError"), "rank {rank}: {seen}");
+        assert!(*took < Duration::from_secs(15), "rank {rank}: {took:?}");
+        assert_eq!(record.issued, 3, "rank {rank}");
+        assert!(record.failure.is_some(), "rank {rank}");
+    }
+    assert_eq!(outcomes[0].2.ops[2].state, OpState::Failed);
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_the_watchdog_stops_what_would_hang"]
+fn fake_an_abort_beside_a_call_inside_nccl_revokes_instead_of_freeing() {
+    // Blocking NCCL communicators: rank 0's first all-reduce waits inside NCCL for rank 1 to connect, which it
+    // never does. An abort from another thread may not free the communicator under that call: it revokes it
+    // (NCCL 2.28), the call returns, and the communicator is freed when it has.
+    let finished = AtomicUsize::new(0);
+    ranks(2, |rank, gpu, store| {
+        let comm = Communicator::with_gpu(
+            Arc::clone(&gpu),
+            store,
+            vec![0, 1],
+            rank,
+            CommOptions {
+                timeout: Duration::from_secs(30),
+                nccl: NcclOptions {
+                    blocking: Some(true),
+                    ..NcclOptions::default()
+                },
+                ..CommOptions::named("revoked")
+            },
+        )
+        .unwrap();
+        if rank == 1 {
+            eventually(Duration::from_secs(60), || {
+                finished.load(Ordering::Acquire) == 1
+            });
+            return;
+        }
+        let started = Instant::now();
+        let e = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                nccl(&comm).abort();
+            });
+            comm.all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
+                .and_then(|w| w.wait())
+                .expect_err("aborted")
+        });
+        let took = started.elapsed();
+        finished.fetch_add(1, Ordering::Release);
+        eprintln!("watchdog-case: revoke: the call returned after {took:?}: {e}");
+        assert!(
+            took < Duration::from_secs(10),
+            "the call stayed inside NCCL for {took:?}: {e}"
+        );
+        assert!(nccl(&comm).broken().is_some());
+        let record = nccl(&comm).flight_record();
+        assert_eq!(record.issued, 1);
+        assert_eq!(record.ops[0].state, OpState::Failed, "{record:?}");
+    });
 }

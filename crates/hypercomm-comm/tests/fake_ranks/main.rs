@@ -9,10 +9,13 @@
 //!   operations the device gained;
 //! - [`splits`]: a non-blocking split and shrink giving working children;
 //! - [`streams`]: results ordered without a CPU wait, twin communicators on their own streams;
-//! - [`failures`]: timeouts, aborts and asynchronous errors, reported rather than hung;
+//! - [`failures`]: timeouts, aborts and asynchronous errors, reported rather than hung, and what the GPU's watchdog
+//!   stops that would otherwise hang;
 //! - [`groups`]: operations on several communicators issued as one NCCL group, and what a group refuses;
 //! - [`placement`]: two ranks on one device (NCCL 2.30), ranks as processes;
 //! - [`raw`]: NCCL called directly on a communicator's handle, between hypercomm's operations.
+//!
+//! [`watchdog_cost`] is a measurement run by hand (the watchdog's CPU at 1,000 operations in flight), not a suite.
 
 #[path = "../device_checks/mod.rs"]
 mod device_checks;
@@ -26,6 +29,7 @@ mod placement;
 mod raw;
 mod splits;
 mod streams;
+mod watchdog_cost;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,6 +123,40 @@ fn suite_failures_are_reported_not_hung() {
         "failures::fake_an_asynchronous_error_breaks_the_communicator",
         &[("FAKE_NCCL_FAIL_AFTER", "2")],
     );
+}
+
+#[test]
+fn suite_the_watchdog_stops_what_would_hang() {
+    // The fake's own peer timeout (30 s) stands in for a collective that never ends: the watchdog must act first.
+    // Each case prints `watchdog-case:` lines (times and errors) to the child's stderr; run with --nocapture to see
+    // them (docs/perf/reliability.md).
+    let cases = |log: String| {
+        for line in log.lines().filter(|l| l.starts_with("watchdog-case:")) {
+            println!("{line}");
+        }
+    };
+    cases(pass_under_fake(
+        "failures::fake_a_rank_that_never_calls_is_named_while_the_others_only_order_their_streams",
+        &[(DEVICES, "3"), ("FAKE_NCCL_TIMEOUT_SECS", "30")],
+    ));
+    let flight = std::env::temp_dir().join(format!("hypercomm-flight-{}", std::process::id()));
+    let dir = flight.to_string_lossy().into_owned();
+    cases(pass_under_fake(
+        "failures::fake_an_asynchronous_error_stops_every_communicator_of_the_collection",
+        &[
+            (DEVICES, "2"),
+            ("FAKE_NCCL_TIMEOUT_SECS", "30"),
+            ("FAKE_NCCL_FAIL_AFTER", "2"),
+            ("FAKE_NCCL_FAIL_RANK", "0"),
+            ("FAKE_GPU_STREAM_DELAY_MS", "100"),
+            (hypercomm_comm::device::FLIGHT_RECORDER_DIR_ENV, &dir),
+        ],
+    ));
+    let _ = std::fs::remove_dir_all(&flight);
+    cases(pass_under_fake(
+        "failures::fake_an_abort_beside_a_call_inside_nccl_revokes_instead_of_freeing",
+        &[(DEVICES, "2"), ("FAKE_NCCL_TIMEOUT_SECS", "30")],
+    ));
 }
 
 #[test]

@@ -1,27 +1,44 @@
-//! [`NcclComm`]: owns one NCCL communicator, serialises calls on it, polls it, and aborts it on timeout.
+//! [`NcclComm`]: owns one NCCL communicator, serialises calls on it, polls it, and stops it on a failure.
 //!
-//! Invariant: `handle` is `Some(live communicator)` until [`NcclComm::abort`] or drop takes it; once `broken` is
-//! set it stays set, and every later call fails with [`CommError::Broken`]. A timeout while polling aborts the
-//! communicator, which makes every pending work handle fail (they check `broken` before anything else).
+//! Invariant: `handle` is `Some(live communicator)` until an abort or drop takes it; once `broken` is set it stays
+//! set, and every later call fails with [`CommError::Broken`]. A timeout (seen by a waiter or by the GPU's
+//! watchdog, `watchdog`) breaks and stops the communicator, which makes every pending work handle fail (they
+//! check `broken` before anything else).
+//!
+//! Stopping from another thread (the watchdog, another member of the failure domain) follows one rule, because
+//! `ncclCommAbort` frees the communicator in the same call: it runs only while this side holds the handle's
+//! mutex, that is while no call is inside NCCL. When a call is inside NCCL (a blocking communicator waiting for
+//! a peer, say), the stopper marks the communicator broken, and where the loaded NCCL has `ncclCommRevoke`
+//! (2.28 and later) revokes it, which stops in-flight work and is safe beside that call; the call then returns,
+//! and the thread that made it aborts the communicator on its way out of the mutex. Per NCCL version:
+//! - **2.28 and later**: abort when no call is inside, else revoke now and abort when the call returns.
+//! - **Before 2.28**: abort when no call is inside, else abort when the call returns. A non-blocking
+//!   communicator (hypercomm's default) returns from every call at once, so this is prompt; a blocking one
+//!   stuck inside NCCL stays stuck until NCCL returns, as nothing can stop it safely from another thread.
+//!
+//! Every operation is numbered in the communicator's flight recorder (`flight`), which is written out when the
+//! communicator breaks; a timeout first asks the peers how far they got (`behind`), to name the rank behind.
 //!
 //! In a [`FailureDomain`] the communicator is a member: the first fatal failure of its own is settled through the
-//! domain (recorded, every other member aborted), and another member's failure aborts it.
+//! domain (recorded, every other member aborted), and another member's failure stops it.
 //!
 //! Reductions NCCL does not build in (a premulsum) are created on the communicator the first time a call needs
 //! them, once per element type and factor, and kept in `created` for its life. An orderly release destroys them
 //! (`ncclRedOpDestroy`) before `ncclCommFinalize`; an abort does not: `ncclCommAbort` frees the communicator's
 //! operators with it, and a handle taken by an abort is never used again, so the table is only forgotten.
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaEvent;
 use nccl_sys::sys::ncclRedOp_t;
-use nccl_sys::{Nccl, NcclError};
+use nccl_sys::{Function, Nccl, NcclError};
 
-use super::gpu::cuda_err;
+use super::flight::FlightRecorder;
 use super::raw::{self, CommHandle, Progress};
 use crate::element::{DType, ReduceOp, Scalar};
+use crate::error::RootCause;
 use crate::failure::Member;
 use crate::{CommError, FailureDomain};
 
@@ -78,20 +95,40 @@ impl Backoff {
     }
 }
 
+/// How long a stopper tries for the handle's mutex before it leaves the abort to the call inside NCCL: longer
+/// than a non-blocking call takes, short enough not to hold up the watchdog.
+const STOP_TRY: Duration = Duration::from_millis(50);
+
+/// How long a thread that times out while another thread is settling the same timeout waits for that one.
+const SETTLING_WAIT: Duration = Duration::from_secs(10);
+
 /// One NCCL communicator and what is known about its health.
 pub(crate) struct NcclComm {
     pub(crate) runtime: Arc<super::DeviceRuntime>,
+    /// Serialises calls; `None` once aborted.
     handle: Mutex<Option<CommHandle>>,
     /// The premulsum operators created on `handle`, by element type and factor. Locked only while `handle` is
     /// (taken in that order), so creating one is serialised with every other call on the communicator.
     created: Mutex<Vec<((DType, Scalar), ncclRedOp_t)>>,
+    /// A copy of the handle for `ncclCommRevoke`, which runs beside a call: taken (under this lock, after
+    /// `handle`'s) before the communicator is freed, so a revoke never meets a freed communicator.
+    live: Mutex<Option<CommHandle>>,
+    /// Revoked already (a revoke is made once).
+    revoked: AtomicBool,
+    /// A thread is settling a timeout (the exchange with the peers takes a moment; one thread makes it).
+    settling: AtomicBool,
     /// Why it broke: set once, by the first failure (read without a lock on every call).
     broken: OnceLock<String>,
+    /// The timeout that broke it, when one did: what a waiter on its operations reports (later calls report
+    /// [`CommError::Broken`]).
+    timed_out: OnceLock<TimedOut>,
     pub(crate) name: String,
     pub(crate) timeout: Duration,
     pub(crate) non_blocking: bool,
     /// The domain its failures are settled in (and which aborts it when another member fails), if any.
     pub(crate) domain: Option<Arc<FailureDomain>>,
+    /// Its operations, numbered (see `flight`).
+    pub(crate) recorder: FlightRecorder,
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -118,7 +155,12 @@ impl NcclComm {
             runtime,
             handle: Mutex::new(Some(handle)),
             created: Mutex::new(Vec::new()),
+            live: Mutex::new(Some(handle)),
+            revoked: AtomicBool::new(false),
+            settling: AtomicBool::new(false),
             broken: OnceLock::new(),
+            timed_out: OnceLock::new(),
+            recorder: FlightRecorder::new(&name, 0, None),
             name,
             timeout,
             non_blocking,
@@ -207,18 +249,22 @@ impl NcclComm {
         }
     }
 
-    /// Runs `f` with the live handle, calls on this communicator serialised. Fails if broken or aborted.
+    /// Runs `f` with the live handle, calls on this communicator serialised. Fails if broken or aborted. When the
+    /// communicator was stopped from another thread while `f` was inside NCCL, aborts it before letting go.
     pub(crate) fn with_handle<R>(
         &self,
         f: impl FnOnce(CommHandle) -> Result<R, CommError>,
     ) -> Result<R, CommError> {
         self.fail_if_broken()?;
-        let guard = lock(&self.handle);
+        let mut guard = lock(&self.handle);
         let handle = guard.ok_or_else(|| CommError::Broken {
             comm: self.name.clone(),
             cause: "the communicator was aborted".into(),
         })?;
         let result = f(handle);
+        if self.broken.get().is_some() {
+            self.abort_locked(&mut guard);
+        }
         drop(guard);
         if let Err(e) = &result
             && e.is_fatal()
@@ -262,6 +308,15 @@ impl NcclComm {
             })
             .collect::<Result<Vec<CommHandle>, CommError>>()?;
         let result = f(&handles);
+        // A communicator stopped while the group was inside NCCL (revoked rather than aborted then) is aborted
+        // on the way out, as `with_handle` does.
+        for (guard, comm) in guards.iter_mut().zip(comms) {
+            if comm.broken.get().is_some()
+                && let Some(guard) = guard
+            {
+                comm.abort_locked(guard);
+            }
+        }
         drop(guards);
         if let Err(e) = &result
             && e.is_fatal()
@@ -280,6 +335,32 @@ impl NcclComm {
             Ok(Progress::Done) => Ok(true),
             Ok(Progress::Pending) => Ok(false),
             Err(e) => Err(self.error(during, e)),
+        })
+    }
+
+    /// [`poll`](Self::poll) from the watchdog: `None` without asking when broken, or when a call holds the handle
+    /// (the watchdog never waits for a call). An asynchronous error breaks and stops the communicator.
+    pub(crate) fn try_poll(&self) -> Option<Result<bool, CommError>> {
+        if self.broken().is_some() {
+            return None;
+        }
+        let answer = {
+            let guard = match self.handle.try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return None,
+            };
+            raw::async_error(self.nccl(), (*guard)?)
+        };
+        Some(match answer {
+            Ok(Progress::Done) => Ok(true),
+            Ok(Progress::Pending) => Ok(false),
+            Err(e) => {
+                let error = self.error("an asynchronous error seen by the watchdog", e);
+                self.fail(&error);
+                self.stop(&error.to_string());
+                Err(error)
+            }
         })
     }
 
@@ -310,10 +391,13 @@ impl NcclComm {
         let mut backoff = Backoff::new(Duration::from_micros(200));
         // Bounded by the deadline.
         loop {
+            if let Some(t) = self.timed_out.get() {
+                return Err(t.error(&self.name));
+            }
             self.fail_if_broken()?;
             let done = event
                 .try_is_complete()
-                .map_err(cuda_err(&self.name, "querying an event"))?;
+                .map_err(|e| self.error_text("querying an event", e.to_string()))?;
             // An operation that completed may still have raised an asynchronous error.
             self.poll(during)?;
             if done {
@@ -326,22 +410,48 @@ impl NcclComm {
         }
     }
 
-    /// Aborts after a timeout in `during` and returns the error every waiter sees.
+    /// Stops the communicator after a timeout in `during` and returns the error every waiter sees. The oldest
+    /// operation not seen complete is the one that timed out; before settling, the ranks compare how far they got
+    /// (`behind`), so that the error names the rank behind. When another thread is settling the same timeout
+    /// already (the watchdog, or a waiter), waits for it instead and reports what it found.
     pub(crate) fn time_out(&self, during: &str) -> CommError {
-        let error = CommError::timeout(
+        if self.settling.swap(true, Ordering::AcqRel) {
+            let deadline = Instant::now() + SETTLING_WAIT;
+            let mut backoff = Backoff::new(Duration::from_millis(5));
+            // Bounded by the deadline.
+            while self.broken().is_none() && Instant::now() < deadline {
+                backoff.pause();
+            }
+            if let Some(t) = self.timed_out.get() {
+                return t.error(&self.name);
+            }
+            return CommError::Broken {
+                comm: self.name.clone(),
+                cause: self
+                    .broken()
+                    .unwrap_or_else(|| format!("timed out in {during}")),
+            };
+        }
+        let during = format!("{during}; the nccl communicator was aborted");
+        let error = super::behind::diagnose(
             &self.name,
-            Vec::new(),
             self.timeout,
-            format!("{during}; the nccl communicator was aborted"),
+            &self.recorder.record(),
+            self.domain.as_deref(),
+            during,
         );
+        self.recorder.time_out_oldest();
+        if let Some(t) = TimedOut::of(&error) {
+            let _ = self.timed_out.set(t);
+        }
         self.fail(&error);
-        self.abort();
+        self.stop(&error.to_string());
         error
     }
 
     /// Marks the communicator broken by `error`; the first failure is also settled through the domain: recorded
     /// as this rank's root cause (unless it has one) and every other member aborted.
-    fn fail(&self, error: &CommError) {
+    pub(crate) fn fail(&self, error: &CommError) {
         if self.mark_broken(error.to_string())
             && let Some(domain) = &self.domain
         {
@@ -349,33 +459,121 @@ impl NcclComm {
         }
     }
 
-    /// Marks the communicator broken with `cause`, unless it is broken already; says whether it was not.
+    /// Marks the communicator broken with `cause`, unless it is broken already; says whether it was not. The first
+    /// time, the flight recorder records the failure (and writes itself out).
     pub(crate) fn mark_broken(&self, cause: String) -> bool {
-        self.broken.set(cause).is_ok()
+        let first = self.broken.set(cause.clone()).is_ok();
+        if first {
+            self.recorder.fail(&cause);
+        }
+        first
     }
 
-    /// Aborts the communicator (`ncclCommAbort`): its work stops, every later call and pending work fails.
+    /// Aborts the communicator (`ncclCommAbort`): its work stops, every later call and pending work fails. A
+    /// deliberate abort: the flight recorder writes nothing.
     pub(crate) fn abort(&self) {
-        self.abort_with("aborted by this rank");
+        let _ = self.broken.set("aborted by this rank".to_owned());
+        self.stop_work();
     }
 
-    /// [`abort`](Self::abort) with `cause` as the reason later calls see (unless it was broken already).
-    fn abort_with(&self, cause: &str) {
+    /// Breaks the communicator with `cause` (unless it is broken already) and stops its work: see the module doc
+    /// for how, per NCCL version.
+    pub(crate) fn stop(&self, cause: &str) {
         self.mark_broken(cause.to_owned());
-        let mut handle = lock(&self.handle);
-        if let Some(h) = handle.take() {
-            // ncclCommAbort frees the created reductions with the communicator.
-            lock(&self.created).clear();
-            if let Err(e) = raw::abort(self.nccl(), h) {
-                tracing::warn!(comm = %self.name, error = %e, "ncclCommAbort failed");
+        self.stop_work();
+    }
+
+    /// Aborts now if no call is inside NCCL; otherwise revokes (where NCCL has it) and leaves the abort to the
+    /// call, which makes it on its way out of [`with_handle`](Self::with_handle). `broken` is set already.
+    fn stop_work(&self) {
+        let deadline = Instant::now() + STOP_TRY;
+        let mut backoff = Backoff::new(Duration::from_millis(2));
+        // Bounded by the deadline.
+        loop {
+            match self.handle.try_lock() {
+                Ok(mut guard) => return self.abort_locked(&mut guard),
+                Err(TryLockError::Poisoned(p)) => return self.abort_locked(&mut p.into_inner()),
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => backoff.pause(),
+                Err(TryLockError::WouldBlock) => break,
             }
+        }
+        self.revoke();
+    }
+
+    /// `ncclCommRevoke`, once, where the loaded NCCL has it: safe beside a call inside NCCL on another thread.
+    fn revoke(&self) {
+        if !self.nccl().has(Function::CommRevoke) || self.revoked.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let live = lock(&self.live);
+        if let Some(h) = *live
+            && let Err(e) = raw::revoke(self.nccl(), h)
+        {
+            tracing::warn!(comm = %self.name, error = %e, "ncclCommRevoke failed");
+        }
+    }
+
+    /// Aborts the communicator with the handle's mutex held (`guard`): no call is inside NCCL.
+    fn abort_locked(&self, guard: &mut Option<CommHandle>) {
+        let Some(h) = guard.take() else {
+            return;
+        };
+        // No revoke runs past this point on a freed communicator.
+        lock(&self.live).take();
+        // ncclCommAbort frees the created reductions with the communicator.
+        lock(&self.created).clear();
+        if let Err(e) = raw::abort(self.nccl(), h) {
+            tracing::warn!(comm = %self.name, error = %e, "ncclCommAbort failed");
+        }
+    }
+}
+
+/// A [`CommError::Timeout`] kept to hand each waiter a copy (`CommError` itself is not `Clone`).
+#[derive(Clone, Debug)]
+struct TimedOut {
+    members: Vec<usize>,
+    missing: Vec<usize>,
+    after: Duration,
+    during: String,
+    cause: Option<Box<RootCause>>,
+}
+
+impl TimedOut {
+    fn of(error: &CommError) -> Option<TimedOut> {
+        match error {
+            CommError::Timeout {
+                members,
+                missing,
+                after,
+                during,
+                cause,
+                ..
+            } => Some(TimedOut {
+                members: members.clone(),
+                missing: missing.clone(),
+                after: *after,
+                during: during.clone(),
+                cause: cause.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn error(&self, comm: &str) -> CommError {
+        CommError::Timeout {
+            comm: comm.to_owned(),
+            members: self.members.clone(),
+            missing: self.missing.clone(),
+            after: self.after,
+            during: self.during.clone(),
+            cause: self.cause.clone(),
         }
     }
 }
 
 impl Member for NcclComm {
     fn abort_with(&self, cause: &str) {
-        NcclComm::abort_with(self, cause);
+        self.stop(cause);
     }
 }
 
@@ -384,6 +582,7 @@ impl Drop for NcclComm {
         let Some(h) = lock(&self.handle).take() else {
             return;
         };
+        lock(&self.live).take();
         let nccl = self.runtime.nccl();
         let created = std::mem::take(&mut *lock(&self.created));
         if self.broken().is_some() {

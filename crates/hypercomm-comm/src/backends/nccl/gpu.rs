@@ -1,5 +1,5 @@
-//! [`Gpu`]: one device's context, its pool of CUDA events, its NVRTC kernels (compiled at first use), and
-//! [`DeviceBuffer`]s on it.
+//! [`Gpu`]: one device's context, its pool of CUDA events, its NVRTC kernels (compiled at first use), its
+//! watchdog (started with the first device operation), and [`DeviceBuffer`]s on it.
 //!
 //! Everything cached per device lives in the `Gpu` value, not in a global: two `Gpu`s of the same ordinal (say in
 //! two tests) each compile their own kernels, and dropping the `Gpu` drops its cache.
@@ -9,11 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut,
-    DevicePtrMut, DeviceRepr,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtrMut,
+    DeviceRepr,
 };
 
+use super::events::{EventPool, SharedEvent};
 use super::probe::{DeviceRuntime, nvrtc_present};
+use super::watchdog::Watchdog;
 use crate::CommError;
 use crate::element::{DType, Element, as_bytes, as_bytes_mut};
 
@@ -32,8 +34,11 @@ pub struct Gpu {
     /// would wait for a peer's collective that waits for this rank (a deadlock the fake GPU showed). Made here,
     /// before this rank belongs to any communicator, the synchronize waits for nothing of its own.
     _first_stream: Arc<CudaStream>,
-    events: Mutex<Vec<CudaEvent>>,
+    events: Arc<EventPool>,
     kernels: Mutex<Option<Arc<Kernels>>>,
+    /// Watches every in-flight operation of every communicator on this device; its thread stops when the `Gpu`
+    /// is dropped.
+    watchdog: Watchdog,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -109,8 +114,9 @@ impl Gpu {
             ctx,
             ordinal,
             _first_stream: first_stream,
-            events: Mutex::new(Vec::new()),
+            events: Arc::new(EventPool::default()),
             kernels: Mutex::new(None),
+            watchdog: Watchdog::new(ordinal),
         }))
     }
 
@@ -159,24 +165,37 @@ impl Gpu {
         }
     }
 
-    /// An event from the pool (creating one costs several microseconds; reusing one costs nothing).
-    pub(crate) fn take_event(&self) -> Result<CudaEvent, CommError> {
-        if let Some(e) = lock(&self.events).pop() {
-            return Ok(e);
-        }
-        self.ctx
-            .new_event(None)
-            .map_err(cuda_err(&self.label(), "creating an event"))
+    /// An event from the pool (creating one costs several microseconds; reusing one costs nothing). It returns to
+    /// the pool when its last holder drops it.
+    pub(crate) fn take_event(&self) -> Result<SharedEvent, CommError> {
+        let event = match self.events.pop() {
+            Some(e) => e,
+            None => self
+                .ctx
+                .new_event(None)
+                .map_err(cuda_err(&self.label(), "creating an event"))?,
+        };
+        Ok(self.events.share(event))
     }
 
-    /// Gives an event back to the pool.
-    pub(crate) fn return_event(&self, event: CudaEvent) {
-        lock(&self.events).push(event);
+    /// Lets go of an event of the pool: it returns there once no other holder (the watchdog) has it.
+    pub(crate) fn return_event(&self, event: SharedEvent) {
+        drop(event);
     }
 
     /// Events waiting in the pool (for tests).
     pub fn pooled_events(&self) -> usize {
-        lock(&self.events).len()
+        self.events.len()
+    }
+
+    /// Device operations the watchdog is watching now: enqueued, and not yet seen complete by it (for tests).
+    pub fn watched_operations(&self) -> usize {
+        self.watchdog.in_flight()
+    }
+
+    /// The watchdog of this device's operations.
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
     }
 
     /// The kernels, compiled with NVRTC on first use and kept for this `Gpu`'s lifetime.

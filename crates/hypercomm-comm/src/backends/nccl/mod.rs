@@ -13,14 +13,22 @@
 //! 4. The face hands each checked operation to the executor in `communicator/collectives.rs`, which turns it into
 //!    NCCL calls; the handle ([`communicator::DeviceWork`], inside the public `Work`) orders a stream after it or
 //!    blocks until it is done.
+//! 5. Every operation is numbered in its communicator's flight recorder ([`flight`]) and watched by its GPU's
+//!    [`watchdog`] until it completes, whichever way its user waits: a timeout or an asynchronous error stops
+//!    the communicator and its failure domain, naming the rank behind where the ranks' progress shows one
+//!    ([`behind`]).
 
+pub(crate) mod behind;
 pub(crate) mod comm;
 pub(crate) mod communicator;
 pub(crate) mod config;
+pub(crate) mod events;
+pub(crate) mod flight;
 pub(crate) mod gpu;
 pub(crate) mod placement;
 pub(crate) mod probe;
 pub(crate) mod raw;
 pub(crate) mod unique_id;
+pub(crate) mod watchdog;
 
 pub use probe::DeviceRuntime;

@@ -164,6 +164,9 @@ pub(crate) fn nvrtc_present() -> bool {
 pub struct DeviceRuntime {
     nccl: Nccl,
     driver: DriverInfo,
+    /// Where flight records go when a communicator's options name no folder (`HYPERCOMM_FLIGHT_RECORDER_DIR`,
+    /// read by [`probe_with_env`](Self::probe_with_env)).
+    flight_recorder_dir: Option<std::path::PathBuf>,
 }
 
 impl DeviceRuntime {
@@ -179,17 +182,37 @@ impl DeviceRuntime {
     /// }
     /// ```
     pub fn probe(search: &SearchConfig) -> Result<Arc<DeviceRuntime>, CommError> {
+        Self::probe_for(search, None)
+    }
+
+    fn probe_for(
+        search: &SearchConfig,
+        flight_recorder_dir: Option<std::path::PathBuf>,
+    ) -> Result<Arc<DeviceRuntime>, CommError> {
         let driver = probe_driver(&CudarcDriver)?;
         let nccl = Nccl::load(search).map_err(|e| unavailable("nccl", e.to_string()))?;
-        Ok(Arc::new(DeviceRuntime { nccl, driver }))
+        Ok(Arc::new(DeviceRuntime {
+            nccl,
+            driver,
+            flight_recorder_dir,
+        }))
     }
 
     /// [`probe`](Self::probe) with NCCL's search described by environment variables read through `lookup`
-    /// (`NCCL_LIBRARY`, the Python folders; see `nccl_sys::loader`).
+    /// (`NCCL_LIBRARY`, the Python folders; see `nccl_sys::loader`), and the folder for flight records from
+    /// [`FLIGHT_RECORDER_DIR_ENV`](crate::device::FLIGHT_RECORDER_DIR_ENV) (`HYPERCOMM_FLIGHT_RECORDER_DIR`).
     pub fn probe_with_env(
         lookup: impl Fn(&str) -> Option<std::ffi::OsString>,
     ) -> Result<Arc<DeviceRuntime>, CommError> {
-        Self::probe(&SearchConfig::from_env(lookup))
+        let dir = lookup(super::flight::FLIGHT_RECORDER_DIR_ENV)
+            .filter(|d| !d.is_empty())
+            .map(std::path::PathBuf::from);
+        Self::probe_for(&SearchConfig::from_env(lookup), dir)
+    }
+
+    /// The folder flight records go to when a communicator's options name none.
+    pub fn flight_recorder_dir(&self) -> Option<&std::path::Path> {
+        self.flight_recorder_dir.as_deref()
     }
 
     /// The loaded NCCL.

@@ -294,6 +294,18 @@ pub(crate) fn abort(nccl: &Nccl, comm: CommHandle) -> Result<(), NcclError> {
     progress(nccl, Function::CommAbort, raw, std::ptr::null_mut()).map(|_| ())
 }
 
+/// `ncclCommRevoke` (NCCL 2.28 and later): stops the communicator's in-flight work and refuses new work, without
+/// freeing it, so it may run while another thread is inside a call on it. A non-blocking communicator answers
+/// `Pending` until the revoke settles. The caller checks [`Nccl::has`] first.
+pub(crate) fn revoke(nccl: &Nccl, comm: CommHandle) -> Result<Progress, NcclError> {
+    let api = nccl.api(Function::CommRevoke)?;
+    let flags = c_int::try_from(sys::NCCL_REVOKE_DEFAULT).unwrap_or(0);
+    // SAFETY: `comm` is live: its owner holds the lock that keeps it from being freed for this call, and NCCL
+    // allows a revoke beside another call on the communicator.
+    let raw = unsafe { api.ncclCommRevoke(comm.0, flags) };
+    progress(nccl, Function::CommRevoke, raw, comm.0)
+}
+
 /// `ncclCommFinalize`: flushes outstanding work; poll [`async_error`] until `Done` before [`destroy`].
 pub(crate) fn finalize(nccl: &Nccl, comm: CommHandle) -> Result<Progress, NcclError> {
     let api = nccl.api(Function::CommFinalize)?;

@@ -77,6 +77,8 @@ impl DeviceCommunicator {
             self.enqueue(calls)?;
             return self.finish(value, keep);
         };
+        // Numbered now (by `recorded`), watched once the group has issued it and recorded its event.
+        let seq = self.comm.recorder.take_pending();
         let deferred = group.record(
             &self.comm,
             &self.stream,
@@ -84,6 +86,7 @@ impl DeviceCommunicator {
             calls.to_vec(),
             value,
             keep,
+            seq,
         )?;
         Ok(DeviceWork {
             value: None,
@@ -108,6 +111,7 @@ impl DeviceCommunicator {
             self.gpu.return_event(event);
             return Err(cuda_err(&self.options.name, "recording an event")(e));
         }
+        self.watch(&event)?;
         Ok(DeviceWork {
             value: Some(value),
             event: Some(event),
@@ -164,8 +168,10 @@ impl DeviceCommunicator {
         buf: DeviceBuffer<T>,
     ) -> Result<Work<DeviceBuffer<T>>, CommError> {
         let shape = Shape::InPlace(buf.len());
-        self.one_buffer(buf, |p, _| self.calls(op, shape, T::DTYPE, p, p))
-            .map(Work::from)
+        self.recorded(op.name(), T::DTYPE, buf.len(), || {
+            self.one_buffer(buf, |p, _| self.calls(op, shape, T::DTYPE, p, p))
+        })
+        .map(Work::from)
     }
 
     /// Runs `op`, which the face has checked, from `input` into `output`.
@@ -179,8 +185,11 @@ impl DeviceCommunicator {
             input: input.len(),
             output: output.len(),
         };
-        self.two_buffers(input, output, |s, r| self.calls(op, shape, T::DTYPE, s, r))
-            .map(Work::from)
+        let count = input.len();
+        self.recorded(op.name(), T::DTYPE, count, || {
+            self.two_buffers(input, output, |s, r| self.calls(op, shape, T::DTYPE, s, r))
+        })
+        .map(Work::from)
     }
 
     /// Runs the batch `op`, which the face has checked, over `bufs` (one per part, all on this device) as one
@@ -228,7 +237,11 @@ impl DeviceCommunicator {
                 }
             })
             .collect();
-        self.issue(&calls, bufs, Vec::new()).map(Work::from)
+        let count = bufs.iter().map(DeviceBuffer::len).sum();
+        self.recorded(op.name(), T::DTYPE, count, || {
+            self.issue(&calls, bufs, Vec::new())
+        })
+        .map(Work::from)
     }
 
     /// The NCCL calls that run `op` over buffers of `shape` at device addresses `send` (read) and `recv`

@@ -14,9 +14,10 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::driver::CudaStream;
 
 use super::super::comm::NcclComm;
+use super::super::events::SharedEvent;
 use super::super::gpu::{DeviceBuffer, Gpu, cuda_err};
 use super::super::raw::{self, Call, Progress};
 use crate::CommError;
@@ -75,7 +76,7 @@ enum Deferral<R> {
     /// Recorded; the group has not ended.
     Open(R),
     /// Issued, with the event recorded after it on its stream.
-    Issued(R, CudaEvent),
+    Issued(R, SharedEvent),
     /// Will not complete.
     Failed(Failure),
     /// The handle took the buffers and the event.
@@ -92,7 +93,7 @@ pub(crate) struct Deferred<R> {
 impl<R> Deferred<R> {
     /// The buffers and the event, once the group has issued the operation; otherwise why not yet, or why never.
     /// `comm` names the communicator in the error.
-    pub(crate) fn take(&self, comm: &str) -> Result<(R, CudaEvent), CommError> {
+    pub(crate) fn take(&self, comm: &str) -> Result<(R, SharedEvent), CommError> {
         let mut state = lock(&self.state);
         match std::mem::replace(&mut *state, Deferral::Taken) {
             Deferral::Issued(value, event) => Ok((value, event)),
@@ -139,7 +140,7 @@ impl<R> Deferred<R> {
     }
 
     /// The event of an issued operation whose handle never took it, for the pool.
-    pub(crate) fn take_event(&self) -> Option<CudaEvent> {
+    pub(crate) fn take_event(&self) -> Option<SharedEvent> {
         let mut state = lock(&self.state);
         match std::mem::replace(&mut *state, Deferral::Taken) {
             Deferral::Issued(_, event) => Some(event),
@@ -154,13 +155,13 @@ impl<R> Deferred<R> {
 /// What a group does to a recorded operation's slot, whatever the type of its buffers.
 trait Resolve: Send + Sync {
     /// The operation was issued; `event` follows it on its stream.
-    fn issued(&self, event: CudaEvent);
+    fn issued(&self, event: SharedEvent);
     /// The operation will not complete (its buffers are released).
     fn fail(&self, failure: Failure);
 }
 
 impl<R: Send> Resolve for Deferred<R> {
-    fn issued(&self, event: CudaEvent) {
+    fn issued(&self, event: SharedEvent) {
         let mut state = lock(&self.state);
         if let Deferral::Open(value) = std::mem::replace(&mut *state, Deferral::Taken) {
             *state = Deferral::Issued(value, event);
@@ -182,6 +183,8 @@ struct Recorded {
     gpu: Arc<Gpu>,
     calls: Vec<Call>,
     slot: Arc<dyn Resolve>,
+    /// Its number in its communicator's flight recorder, for the watchdog.
+    seq: Option<u64>,
     /// Staging buffers that must outlive the calls.
     _keep: Vec<DeviceBuffer<u8>>,
 }
@@ -228,6 +231,7 @@ impl Recording {
         calls: Vec<Call>,
         value: R,
         keep: Vec<DeviceBuffer<u8>>,
+        seq: Option<u64>,
     ) -> Result<Arc<Deferred<R>>, CommError> {
         let mut log = lock(&self.log);
         if log.ended {
@@ -249,6 +253,7 @@ impl Recording {
             gpu: Arc::clone(gpu),
             calls,
             slot: Arc::clone(&slot) as Arc<dyn Resolve>,
+            seq,
             _keep: keep,
         });
         Ok(slot)
@@ -293,11 +298,15 @@ impl Recording {
         }
         let mut first_error = None;
         for op in &ops {
-            // A handle already dropped needs no event; the slot's buffers are released after the calls anyway.
-            if Arc::strong_count(&op.slot) == 1 {
-                continue;
-            }
-            match Self::event_after(op) {
+            // Every operation gets its event and is watched, its handle dropped or not: the GPU's watchdog
+            // follows it to completion (a handle already dropped needs the event for nothing else).
+            let watched = Self::event_after(op).and_then(|event| {
+                op.gpu
+                    .watchdog()
+                    .watch(&op.stream, &event, &op.comm, op.seq)?;
+                Ok(event)
+            });
+            match watched {
                 Ok(event) => op.slot.issued(event),
                 Err(e) => {
                     op.slot.fail(Failure::Issue {
@@ -312,7 +321,7 @@ impl Recording {
     }
 
     /// An event of `op`'s GPU recorded on its stream, after its calls.
-    fn event_after(op: &Recorded) -> Result<CudaEvent, CommError> {
+    fn event_after(op: &Recorded) -> Result<SharedEvent, CommError> {
         let event = op.gpu.take_event()?;
         match event.record(&op.stream) {
             Ok(()) => Ok(event),

@@ -18,6 +18,18 @@ impl DeviceCommunicator {
     /// it.
     pub fn all_reduce_strided<T: Element>(
         &self,
+        buf: DeviceBuffer<T>,
+        view: StridedLayout,
+        op: ReduceOp,
+    ) -> Result<Work<DeviceBuffer<T>>, CommError> {
+        self.recorded("all_reduce_strided", T::DTYPE, view.len(), || {
+            self.strided(buf, view, op)
+        })
+    }
+
+    /// [`all_reduce_strided`](Self::all_reduce_strided), once numbered.
+    fn strided<T: Element>(
+        &self,
         mut buf: DeviceBuffer<T>,
         view: StridedLayout,
         op: ReduceOp,

@@ -17,6 +17,7 @@ use hypercomm_store::Store;
 
 use super::comm::NcclComm;
 use super::config::{NcclSettings, StreamPriority, translate};
+use super::flight::FlightRecorder;
 use super::gpu::{DeviceBuffer, Gpu, cuda_err};
 use super::raw::{self, Progress};
 use super::unique_id::exchange_unique_id;
@@ -50,6 +51,7 @@ impl std::fmt::Debug for DeviceCommunicator {
 mod collectives;
 pub(crate) mod group;
 mod kernels;
+mod tracking;
 mod work;
 
 use group::GroupMark;
@@ -101,6 +103,13 @@ impl DeviceCommunicator {
     ) -> Result<DeviceCommunicator, CommError> {
         let stream = gpu.stream(settings.stream_priority == StreamPriority::Highest)?;
         comm.domain = options.failure_domain.clone();
+        let dir = options
+            .flight_recorder_dir
+            .clone()
+            .or_else(|| gpu.runtime().flight_recorder_dir().map(Into::into));
+        comm.recorder = FlightRecorder::new(&options.name, options.flight_recorder_len, dir);
+        comm.recorder
+            .set_members(&ranks, ranks.get(rank).copied().unwrap_or(rank));
         let comm = Arc::new(comm);
         if let Some(domain) = &comm.domain {
             domain.register(&comm);
@@ -157,6 +166,7 @@ impl DeviceCommunicator {
             )));
         }
         crate::checks::member_position(&self.options.name, &members, me)?;
+        self.comm.recorder.set_members(&members, me);
         self.ranks = members;
         Ok(self)
     }

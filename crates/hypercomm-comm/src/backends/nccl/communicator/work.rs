@@ -5,9 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::driver::CudaStream;
 
 use super::super::comm::{Backoff, NcclComm};
+use super::super::events::SharedEvent;
 use super::super::gpu::{DeviceBuffer, Gpu, cuda_err};
 use super::group::Deferred;
 use crate::CommError;
@@ -19,7 +20,7 @@ use crate::CommError;
 /// ([`DeviceWork::settle`]); before the end that is an error, not a wait.
 pub(crate) struct DeviceWork<R> {
     pub(super) value: Option<R>,
-    pub(super) event: Option<CudaEvent>,
+    pub(super) event: Option<SharedEvent>,
     /// The slot of an operation recorded in a group, until the handle takes the buffers and the event from it.
     pub(super) deferred: Option<Arc<Deferred<R>>>,
     /// The stream the operation was enqueued on.
