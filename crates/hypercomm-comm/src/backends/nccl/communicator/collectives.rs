@@ -80,9 +80,7 @@ impl DeviceCommunicator {
         // Numbered now (by `recorded`), watched once the group has issued it and recorded its event.
         let seq = self.comm.recorder.take_pending();
         let deferred = group.record(
-            &self.comm,
-            &self.stream,
-            &self.gpu,
+            (&self.comm, &self.stream, &self.gpu),
             calls.to_vec(),
             value,
             keep,

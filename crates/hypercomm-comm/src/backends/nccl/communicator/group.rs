@@ -222,12 +222,11 @@ impl Recording {
     /// Records `calls`, to run on `comm` and `stream` (of `gpu`) when the group ends, and gives the slot the
     /// operation's handle waits on, which holds `value` (the operation's buffers) until then. Every address in
     /// `calls` comes from [`DeviceBuffer::address_on`] on `stream`, taken from buffers in `value` or `keep`. Fails
-    /// once the group has ended: its calls are being issued or were, and a call recorded now would never be.
+    /// once the group has ended: its calls are being issued or were, and a call recorded now would never be. `seq`
+    /// is the operation's number in `comm`'s flight recorder, for the watchdog once the operation is issued.
     pub(crate) fn record<R: Send + 'static>(
         &self,
-        comm: &Arc<NcclComm>,
-        stream: &Arc<CudaStream>,
-        gpu: &Arc<Gpu>,
+        (comm, stream, gpu): (&Arc<NcclComm>, &Arc<CudaStream>, &Arc<Gpu>),
         calls: Vec<Call>,
         value: R,
         keep: Vec<DeviceBuffer<u8>>,
