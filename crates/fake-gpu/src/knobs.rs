@@ -61,6 +61,14 @@ pub(crate) fn peer_timeout() -> Duration {
     Duration::from_secs_f64(parsed("FAKE_NCCL_TIMEOUT_SECS").unwrap_or(60.0))
 }
 
+/// `FAKE_NCCL_MISMATCH_HANGS=1`: a collective that the ranks called differently (another operation, count, type,
+/// reduction or root) waits, as NCCL's kernels would, until the communicator is stopped (revoked or aborted) or
+/// [`peer_timeout`] passes, instead of failing at once with `ncclInvalidUsage` (the default, which catches the
+/// mistake sooner in the fake's own tests).
+pub(crate) fn mismatch_hangs() -> bool {
+    std::env::var_os("FAKE_NCCL_MISMATCH_HANGS").is_some_and(|v| v == "1")
+}
+
 /// `FAKE_GPU_HANG_SECS`: how long a stream waits on an event, or a host call on a stream, before the fake
 /// reports the hang and fails the stream (default 120 s).
 pub(crate) fn hang_timeout() -> Duration {

@@ -17,7 +17,7 @@ use super::exchange::{await_file, publish};
 use super::red_ops::{NUM_OPS, PreMulSum};
 use super::reduce::{op_name, pre_multiply, reduce, type_name, width};
 use super::result_codes::{INVALID_ARGUMENT, INVALID_USAGE, SYSTEM_ERROR, UNHANDLED_CUDA_ERROR};
-use crate::memory;
+use crate::{knobs, memory, stream};
 
 /// One call, with device addresses. Counts are in elements, as NCCL takes them.
 #[derive(Clone, Copy, Debug)]
@@ -428,6 +428,10 @@ unsafe fn collective(
                 .collect();
             if theirs != sig {
                 let theirs: [i64; 5] = theirs.try_into().unwrap_or([-1; 5]);
+                if knobs::mismatch_hangs() {
+                    // As NCCL's kernels would: no progress until the communicator is stopped.
+                    stream::poll_until(knobs::peer_timeout(), || comm.stop.load(Ordering::Acquire));
+                }
                 return Err((
                     INVALID_USAGE,
                     format!(

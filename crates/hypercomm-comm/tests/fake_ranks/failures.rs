@@ -450,3 +450,66 @@ fn fake_an_abort_beside_a_call_inside_nccl_revokes_instead_of_freeing() {
         assert_eq!(record.ops[0].state, OpState::Failed, "{record:?}");
     });
 }
+
+#[test]
+#[ignore = "run under fake-gpu by suite_the_watchdog_stops_what_would_hang"]
+fn fake_a_rank_that_calls_another_collective_is_named_as_the_disagreement() {
+    // With FAKE_NCCL_MISMATCH_HANGS=1 the fake does what NCCL's kernels would with ranks that called different
+    // collectives: nothing, until the communicator is stopped. At op #2 rank 2 calls all_gather where ranks 0 and 1
+    // call reduce_scatter; past the timeout every rank reports the disagreement: the operation, its number and the
+    // ranks on each side, as the ranks' progress records show it.
+    let dir = flight_dir("disagreement");
+    ranks(3, |rank, gpu, store| {
+        let comm = Communicator::with_gpu(
+            Arc::clone(&gpu),
+            store,
+            vec![0, 1, 2],
+            rank,
+            CommOptions {
+                timeout: WATCHED_TIMEOUT,
+                flight_recorder_dir: Some(dir.clone()),
+                ..CommOptions::named("disagree")
+            },
+        )
+        .unwrap();
+        let first = comm
+            .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
+            .unwrap();
+        assert_eq!(first.wait().unwrap().download().unwrap(), [3.0]);
+        let started = Instant::now();
+        let second = if rank == 2 {
+            comm.all_gather_into(
+                gpu.upload(&[1.0f32]).unwrap(),
+                gpu.alloc_zeros::<f32>(3).unwrap(),
+            )
+        } else {
+            comm.reduce_scatter_into(
+                gpu.upload(&[1.0f32; 3]).unwrap(),
+                gpu.alloc_zeros::<f32>(1).unwrap(),
+                ReduceOp::Sum,
+            )
+        };
+        let e = second
+            .and_then(|w| w.wait())
+            .expect_err("the ranks called different collectives");
+        let took = started.elapsed();
+        eprintln!("watchdog-case: disagreement: rank {rank} failed after {took:?}: {e}");
+        assert!(took < WATCHED_TIMEOUT + Duration::from_secs(5), "{took:?}");
+        let cause = comm
+            .failure_domain()
+            .root_cause()
+            .expect("a recorded cause");
+        let detail = cause.detail.clone();
+        assert!(detail.contains("op #2"), "rank {rank}: {cause}");
+        assert!(
+            detail.contains("rank(s) [2] called all_gather")
+                && detail.contains("rank(s) [0, 1] called reduce_scatter"),
+            "rank {rank}: {cause}"
+        );
+        assert!(
+            written_record(&dir, "disagree/device", rank)
+                .failure
+                .is_some()
+        );
+    });
+}

@@ -97,9 +97,13 @@ fn suite_premulsum_operators_live_as_long_as_their_communicator() {
         "collectives::fake_premulsum_operators_are_created_once_and_released_with_the_communicator",
         &[(DEVICES, "3"), ("FAKE_GPU_TRACE_CALLS", "1")],
     );
+    // `fake-cuda: call <name> on thread <tid>`, from whichever thread.
     let count = |call: &str| {
         log.lines()
-            .filter(|l| l.trim() == format!("fake-cuda: call {call}"))
+            .filter(|l| {
+                l.trim()
+                    .starts_with(&format!("fake-cuda: call {call} on thread "))
+            })
             .count()
     };
     // Three ranks: three operators each on the communicator dropped, one each on the one aborted.
@@ -156,6 +160,14 @@ fn suite_the_watchdog_stops_what_would_hang() {
     cases(pass_under_fake(
         "failures::fake_an_abort_beside_a_call_inside_nccl_revokes_instead_of_freeing",
         &[(DEVICES, "2"), ("FAKE_NCCL_TIMEOUT_SECS", "30")],
+    ));
+    cases(pass_under_fake(
+        "failures::fake_a_rank_that_calls_another_collective_is_named_as_the_disagreement",
+        &[
+            (DEVICES, "3"),
+            ("FAKE_NCCL_TIMEOUT_SECS", "30"),
+            ("FAKE_NCCL_MISMATCH_HANGS", "1"),
+        ],
     ));
 }
 
