@@ -175,6 +175,10 @@ fn suite_the_failure_domain_covers_the_nccl_halves() {
         "fake_an_nccl_timeout_aborts_the_ranks_host_communicators",
         &[DEVICES],
     );
+    pass_under_fake(
+        "fake_aborting_a_collection_stops_its_split_children_too",
+        &[DEVICES],
+    );
 }
 
 /// A two-rank collection with a gpu: tp over both ranks, every other kind over one.
@@ -464,4 +468,52 @@ impl Drop for Release<'_> {
         *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
         cv.notify_all();
     }
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_the_failure_domain_covers_the_nccl_halves"]
+fn fake_aborting_a_collection_stops_its_split_children_too() {
+    // Rank 0 splits a child off tp (both flavors), then gives up on the whole collection: every communicator it
+    // made, the child included, host and NCCL, fails at once on rank 0, and rank 1, waiting on the child, hears of
+    // it through the child's host flavor rather than waiting out the timeout.
+    let tp = GroupId::kind("tp");
+    let timeout = Duration::from_secs(20);
+    ranks(2, |rank, gpu, store| {
+        let pgc = pair("abortall", Arc::clone(&gpu), rank, store, timeout);
+        device_sum_on_tp(&pgc);
+        let child = pgc.get(&tp).unwrap().split(Some(0), 0).unwrap().unwrap();
+        let sum = child
+            .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(sum.download().unwrap(), [2], "the child works");
+        let started = std::time::Instant::now();
+        if rank == 0 {
+            pgc.abort();
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{:?}",
+                started.elapsed()
+            );
+            for comm in [pgc.get(&tp).unwrap(), &child] {
+                assert!(comm.broken().is_some(), "{}", comm.name());
+                assert!(comm.nccl().unwrap().broken().is_some(), "{}", comm.name());
+                let host = comm.all_reduce(vec![1u32], ReduceOp::Sum).err().unwrap();
+                assert!(matches!(host, CommError::Broken { .. }), "{host}");
+                let device = comm
+                    .all_reduce(gpu.upload(&[1u32]).unwrap(), ReduceOp::Sum)
+                    .and_then(|w| w.wait())
+                    .expect_err("an aborted nccl communicator");
+                assert!(matches!(device, CommError::Broken { .. }), "{device}");
+            }
+            return;
+        }
+        let e = child
+            .all_reduce(vec![1u32], ReduceOp::Sum)
+            .and_then(hypercomm_comm::Work::wait)
+            .expect_err("rank 0 aborted the child");
+        assert!(matches!(e, CommError::AbortedByPeer { by: 0, .. }), "{e}");
+        assert!(started.elapsed() < timeout / 2, "{:?}", started.elapsed());
+    });
 }

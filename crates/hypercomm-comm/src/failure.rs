@@ -452,6 +452,25 @@ impl FailureDomain {
         self.store.get(&self.progress_key(comm, rank), wait).ok()
     }
 
+    /// Gives up on every communicator of the domain at once: the host ones tell their peers (whose operations then
+    /// fail at once), the NCCL ones are stopped (aborted, or, while a call of another thread is inside NCCL,
+    /// revoked and aborted when that call returns: see the NCCL flavor's rule per version), split and shrink
+    /// children included, since they join their parent's domain. This rank's record says it gave up deliberately
+    /// (unless it recorded a failure already, which stays its record), so its peers blame no rank of their own.
+    ///
+    /// Bounded: a host communicator returns at once (its progress thread ends after the operation in flight,
+    /// which its peers stop), and an NCCL one waits at most 50 ms for a call in progress before it revokes
+    /// instead, plus what `ncclCommAbort` itself takes. Every later operation on any of them fails with
+    /// [`CommError::Broken`].
+    pub fn abort(&self) {
+        self.record_abort();
+        let comms: Vec<Arc<dyn Member>> =
+            lock(&self.comms).iter().filter_map(Weak::upgrade).collect();
+        for comm in comms {
+            comm.abort_with("aborted by this rank");
+        }
+    }
+
     /// Aborts every member of the domain that is not broken yet, with `error` as their cause.
     fn abort_all(&self, error: &CommError) {
         let comms: Vec<Arc<dyn Member>> =

@@ -131,12 +131,19 @@ impl ProcessGroupCollection {
         self.get(&id)
     }
 
-    /// Aborts every communicator of the collection that has been created (host flavors tell their peers, NCCL
-    /// flavors are `ncclCommAbort`ed): pending and later operations on any of them fail. For giving up on a job
-    /// after a failure, so that no communicator of this rank keeps its peers waiting.
+    /// Aborts every communicator of the collection that has been created, and every one split or shrunk from them
+    /// (they share the collection's [`FailureDomain`](hypercomm_comm::FailureDomain), whose
+    /// [`abort`](hypercomm_comm::FailureDomain::abort) this is): host flavors tell their peers, NCCL flavors are
+    /// stopped; pending and later operations on any of them fail. For giving up on a job after a failure, so that
+    /// no communicator of this rank keeps its peers waiting. Bounded as the domain's abort is.
     pub fn abort(&self) {
+        let mut domain_aborted = false;
         for entry in &self.entries {
             if let Some(comm) = entry.group.get() {
+                if !domain_aborted {
+                    comm.failure_domain().abort();
+                    domain_aborted = true;
+                }
                 comm.abort();
             }
         }
