@@ -256,6 +256,34 @@ fn eventually(limit: Duration, ready: impl Fn() -> bool) -> bool {
 
 const WATCHED_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Rank `rank` of a three-rank communicator `name` with the watched timeout and flight records in `dir`, after a
+/// first all-reduce that connects the ranks.
+fn three_connected(
+    gpu: &Arc<Gpu>,
+    store: Arc<dyn Store>,
+    rank: usize,
+    name: &str,
+    dir: &Path,
+) -> Communicator {
+    let comm = Communicator::with_gpu(
+        Arc::clone(gpu),
+        store,
+        vec![0, 1, 2],
+        rank,
+        CommOptions {
+            timeout: WATCHED_TIMEOUT,
+            flight_recorder_dir: Some(dir.to_path_buf()),
+            ..CommOptions::named(name)
+        },
+    )
+    .unwrap();
+    let first = comm
+        .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
+        .unwrap();
+    assert_eq!(first.wait().unwrap().download().unwrap(), [3.0]);
+    comm
+}
+
 #[test]
 #[ignore = "run under fake-gpu by suite_the_watchdog_stops_what_would_hang"]
 fn fake_a_rank_that_never_calls_is_named_while_the_others_only_order_their_streams() {
@@ -265,22 +293,7 @@ fn fake_a_rank_that_never_calls_is_named_while_the_others_only_order_their_strea
     let dir = flight_dir("never-calls");
     let finished = AtomicUsize::new(0);
     ranks(3, |rank, gpu, store| {
-        let comm = Communicator::with_gpu(
-            Arc::clone(&gpu),
-            store,
-            vec![0, 1, 2],
-            rank,
-            CommOptions {
-                timeout: WATCHED_TIMEOUT,
-                flight_recorder_dir: Some(dir.clone()),
-                ..CommOptions::named("behind")
-            },
-        )
-        .unwrap();
-        let first = comm
-            .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
-            .unwrap();
-        assert_eq!(first.wait().unwrap().download().unwrap(), [3.0]);
+        let comm = three_connected(&gpu, store, rank, "behind", &dir);
         if rank == 2 {
             // Alive, but busy elsewhere until the others are done.
             eventually(Duration::from_secs(60), || {
@@ -460,22 +473,7 @@ fn fake_a_rank_that_calls_another_collective_is_named_as_the_disagreement() {
     // ranks on each side, as the ranks' progress records show it.
     let dir = flight_dir("disagreement");
     ranks(3, |rank, gpu, store| {
-        let comm = Communicator::with_gpu(
-            Arc::clone(&gpu),
-            store,
-            vec![0, 1, 2],
-            rank,
-            CommOptions {
-                timeout: WATCHED_TIMEOUT,
-                flight_recorder_dir: Some(dir.clone()),
-                ..CommOptions::named("disagree")
-            },
-        )
-        .unwrap();
-        let first = comm
-            .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
-            .unwrap();
-        assert_eq!(first.wait().unwrap().download().unwrap(), [3.0]);
+        let comm = three_connected(&gpu, store, rank, "disagree", &dir);
         let started = Instant::now();
         let second = if rank == 2 {
             comm.all_gather_into(

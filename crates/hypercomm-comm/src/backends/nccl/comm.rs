@@ -117,6 +117,10 @@ pub(crate) struct NcclComm {
     revoked: AtomicBool,
     /// A thread is settling a timeout (the exchange with the peers takes a moment; one thread makes it).
     settling: AtomicBool,
+    /// The timeout is settled: recorded in the domain, every member stopped. A waiter that meets the timeout while
+    /// another thread settles it returns only after this (bounded), so that what it then sees of the rank's other
+    /// communicators is already stopped.
+    settled: AtomicBool,
     /// Why it broke: set once, by the first failure (read without a lock on every call).
     broken: OnceLock<String>,
     /// The timeout that broke it, when one did: what a waiter on its operations reports (later calls report
@@ -158,6 +162,7 @@ impl NcclComm {
             live: Mutex::new(Some(handle)),
             revoked: AtomicBool::new(false),
             settling: AtomicBool::new(false),
+            settled: AtomicBool::new(false),
             broken: OnceLock::new(),
             timed_out: OnceLock::new(),
             recorder: FlightRecorder::new(&name, 0, None),
@@ -392,6 +397,7 @@ impl NcclComm {
         // Bounded by the deadline.
         loop {
             if let Some(t) = self.timed_out.get() {
+                self.await_settled();
                 return Err(t.error(&self.name));
             }
             self.fail_if_broken()?;
@@ -416,12 +422,7 @@ impl NcclComm {
     /// already (the watchdog, or a waiter), waits for it instead and reports what it found.
     pub(crate) fn time_out(&self, during: &str) -> CommError {
         if self.settling.swap(true, Ordering::AcqRel) {
-            let deadline = Instant::now() + SETTLING_WAIT;
-            let mut backoff = Backoff::new(Duration::from_millis(5));
-            // Bounded by the deadline.
-            while self.broken().is_none() && Instant::now() < deadline {
-                backoff.pause();
-            }
+            self.await_settled();
             if let Some(t) = self.timed_out.get() {
                 return t.error(&self.name);
             }
@@ -446,7 +447,21 @@ impl NcclComm {
         }
         self.fail(&error);
         self.stop(&error.to_string());
+        self.settled.store(true, Ordering::Release);
         error
+    }
+
+    /// Waits (at most [`SETTLING_WAIT`]) until the thread settling this communicator's timeout is done, if one is.
+    fn await_settled(&self) {
+        if !self.settling.load(Ordering::Acquire) {
+            return;
+        }
+        let deadline = Instant::now() + SETTLING_WAIT;
+        let mut backoff = Backoff::new(Duration::from_millis(5));
+        // Bounded by the deadline.
+        while !self.settled.load(Ordering::Acquire) && Instant::now() < deadline {
+            backoff.pause();
+        }
     }
 
     /// Marks the communicator broken by `error`; the first failure is also settled through the domain: recorded
