@@ -85,21 +85,13 @@ impl Progress {
 
     /// Keeps the messages `keep` marks (the others left the exchange), in their order.
     pub(crate) fn retain(&mut self, keep: &[bool]) {
-        let mut i = 0;
-        self.moved.retain(|_| {
-            i += 1;
-            keep[i - 1]
-        });
-        let mut i = 0;
-        self.done.retain(|_| {
-            i += 1;
-            keep[i - 1]
-        });
-        let mut i = 0;
-        self.stage.retain(|_| {
-            i += 1;
-            keep[i - 1]
-        });
+        fn marked<T>(v: &mut Vec<T>, keep: &[bool]) {
+            let mut keep = keep.iter();
+            v.retain(|_| keep.next().copied().unwrap_or(true));
+        }
+        marked(&mut self.moved, keep);
+        marked(&mut self.done, keep);
+        marked(&mut self.stage, keep);
     }
 
     /// Whether every message is complete.
@@ -168,14 +160,6 @@ pub(crate) trait Backend: Send {
         dtype: DType,
         root: usize,
     ) -> Result<(), CommError>;
-    fn send(&mut self, data: &[u8], dtype: DType, peer: usize, tag: u64) -> Result<(), CommError>;
-    fn recv(
-        &mut self,
-        data: &mut [u8],
-        dtype: DType,
-        peer: usize,
-        tag: u64,
-    ) -> Result<(), CommError>;
     /// Every part at once: sends and receives to and from any peers progress together, so no order of the parts,
     /// here or on the peers, makes one wait on another; returns when all are done. Parts with the same peer and
     /// direction go in their order.
@@ -227,20 +211,6 @@ pub(crate) fn execute(
         (Op::AllGather, io) => backend.all_gather(io, dtype),
         (Op::ReduceScatter(op), io) => backend.reduce_scatter(io, dtype, *op),
         (Op::AllToAll, io) => backend.all_to_all(io, dtype),
-        (Op::Send { peer, tag }, io) => {
-            let data = match io {
-                Io::InPlace(b) => &*b,
-                Io::OutOfPlace(i, _) => i,
-            };
-            backend.send(data, dtype, *peer, *tag)
-        }
-        (Op::Recv { peer, tag }, io) => {
-            let data = match io {
-                Io::InPlace(b) => b,
-                Io::OutOfPlace(_, o) => o,
-            };
-            backend.recv(data, dtype, *peer, *tag)
-        }
         (
             Op::AllToAllV {
                 send_counts,
@@ -260,10 +230,14 @@ pub(crate) fn execute(
         (Op::Scatter { root }, Io::OutOfPlace(input, output)) => {
             backend.scatter(input, output, dtype, *root)
         }
-        (Op::Batch(_), _) => Err(CommError::InvalidArgument {
-            comm: String::new(),
-            what: "a batch runs through Backend::batch, one buffer per part".into(),
-        }),
+        // Point-to-point operations run on the communicator's lane, in steps of `Backend::p2p_step`, so that those
+        // issued back to back progress together; reaching here is a bug, reported rather than run.
+        (op @ (Op::Send { .. } | Op::Recv { .. } | Op::Batch(_)), _) => {
+            Err(CommError::InvalidArgument {
+                comm: String::new(),
+                what: format!("{} runs through Backend::p2p_step, not execute", op.name()),
+            })
+        }
         // The face's checks refuse these in place; reaching here is a bug, reported rather than run.
         (
             op @ (Op::AllToAllV { .. }

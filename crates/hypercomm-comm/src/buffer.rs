@@ -7,7 +7,6 @@
 use crate::backend::{Io, execute};
 use crate::backends::nccl::gpu::DeviceBuffer;
 use crate::communicator::Communicator;
-use crate::communicator::p2p::Route;
 use crate::element::{Element, as_bytes, as_bytes_mut};
 use crate::op::Op;
 use crate::{CommError, Work};
@@ -95,23 +94,12 @@ impl<T: Element> sealed::Flavored for Vec<T> {
             host_reduces::<T>(comm, op.name())?;
         }
         // Point-to-point operations progress together with those queued next to them.
-        let route = match op {
-            Op::Send { peer, tag } => Some(Route {
-                send: true,
-                peer,
-                tag,
-            }),
-            Op::Recv { peer, tag } => Some(Route {
-                send: false,
-                peer,
-                tag,
-            }),
-            _ => None,
-        };
-        if let Some(route) = route {
+        if let Some(message) = op.as_message(buf.len()) {
             // One buffer in, one back: `wrap` gets back the vector it was given.
             let one = |bufs: Vec<Vec<T>>| bufs.into_iter().next().unwrap_or_default();
-            return comm.submit_p2p(vec![buf], vec![route], one).map(Work::from);
+            return comm
+                .submit_p2p(vec![buf], vec![message], one)
+                .map(Work::from);
         }
         comm.submit(move |b| {
             execute(b, &op, Io::InPlace(as_bytes_mut(&mut buf)), T::DTYPE)?;
@@ -152,15 +140,7 @@ impl<T: Element> sealed::Flavored for Vec<T> {
                 format!("{} is not a batch", op.name()),
             ));
         };
-        let routes = messages
-            .iter()
-            .map(|m| Route {
-                send: m.send,
-                peer: m.peer,
-                tag: m.tag,
-            })
-            .collect();
-        comm.submit_p2p(bufs, routes, |bufs| bufs).map(Work::from)
+        comm.submit_p2p(bufs, messages, |bufs| bufs).map(Work::from)
     }
 }
 

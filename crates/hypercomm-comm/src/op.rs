@@ -122,6 +122,26 @@ pub struct Group<'a> {
 }
 
 impl Op {
+    /// A send or a receive of `count` elements as one part of a batch (`None` for any other operation): the
+    /// host flavor runs point-to-point operations as parts of one exchange.
+    pub(crate) fn as_message(&self, count: usize) -> Option<Message> {
+        match *self {
+            Op::Send { peer, tag } => Some(Message {
+                send: true,
+                peer,
+                tag,
+                count,
+            }),
+            Op::Recv { peer, tag } => Some(Message {
+                send: false,
+                peer,
+                tag,
+                count,
+            }),
+            _ => None,
+        }
+    }
+
     /// The operation's name in errors and records (`"all_reduce"`, ...).
     pub fn name(&self) -> &'static str {
         match self {

@@ -42,7 +42,7 @@ use crate::backends::nccl::gpu::Gpu;
 use crate::element::Element;
 use crate::failure::{self, Context, FailureDomain, Member};
 use crate::host_work::{Completer, HostWork, RunInline, pair};
-use crate::op::{Group, Op};
+use crate::op::{Group, Message, Op};
 use crate::options::CommOptions;
 
 use engine::{Engine, lock};
@@ -486,15 +486,15 @@ impl Communicator {
         })
     }
 
-    /// Queues a point-to-point operation moving `bufs[i]` along `routes[i]` on the host flavor's lane, where it
+    /// Queues a point-to-point operation moving `bufs[i]` as `messages[i]` says on the host flavor's lane, where it
     /// progresses together with those queued next to it (see [`p2p`]); its handle holds `wrap(bufs)`.
     pub(crate) fn submit_p2p<T: Element, R: Send + 'static>(
         &self,
         bufs: Vec<Vec<T>>,
-        routes: Vec<p2p::Route>,
+        messages: Vec<Message>,
         wrap: fn(Vec<Vec<T>>) -> R,
     ) -> Result<HostWork<R>, CommError> {
-        self.queue(|done| Job::P2p(Box::new(p2p::Owned::new(bufs, routes, done, wrap))))
+        self.queue(|done| Job::P2p(Box::new(p2p::Owned::new(bufs, messages, done, wrap))))
     }
 
     /// Queues the job `make` builds around the completer of a new handle, unless the communicator is broken.

@@ -17,6 +17,7 @@ use crate::CommError;
 use crate::backend::{Part, Payload, Progress};
 use crate::element::{DType, Element, as_bytes, as_bytes_mut};
 use crate::host_work::Completer;
+use crate::op::Message;
 
 /// A point-to-point operation queued on a lane, its element type erased so that operations of several types run
 /// in one exchange.
@@ -27,34 +28,27 @@ pub(crate) trait P2pOp: Send {
     fn finish(self: Box<Self>, result: Result<(), CommError>);
 }
 
-/// One part of an [`Owned`] operation: direction, peer and tag.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Route {
-    pub send: bool,
-    pub peer: usize,
-    pub tag: u64,
-}
-
 /// A point-to-point operation over host vectors it owns until it completes.
 pub(crate) struct Owned<T, R> {
     bufs: Vec<Vec<T>>,
-    routes: Vec<Route>,
+    /// What moves each buffer: its direction, peer and tag.
+    messages: Vec<Message>,
     done: Completer<R>,
     /// Turns the buffers back into what the handle holds (one vector, or all of them).
     wrap: fn(Vec<Vec<T>>) -> R,
 }
 
 impl<T: Element, R: Send + 'static> Owned<T, R> {
-    /// An operation moving `bufs[i]` along `routes[i]`, completed through `done` with `wrap(bufs)`.
+    /// An operation moving `bufs[i]` as `messages[i]` says, completed through `done` with `wrap(bufs)`.
     pub(crate) fn new(
         bufs: Vec<Vec<T>>,
-        routes: Vec<Route>,
+        messages: Vec<Message>,
         done: Completer<R>,
         wrap: fn(Vec<Vec<T>>) -> R,
     ) -> Self {
         Owned {
             bufs,
-            routes,
+            messages,
             done,
             wrap,
         }
@@ -65,16 +59,16 @@ impl<T: Element, R: Send + 'static> P2pOp for Owned<T, R> {
     fn parts(&mut self) -> Vec<(Part<'_>, DType)> {
         self.bufs
             .iter_mut()
-            .zip(&self.routes)
-            .map(|(buf, route)| {
-                let payload = if route.send {
+            .zip(&self.messages)
+            .map(|(buf, m)| {
+                let payload = if m.send {
                     Payload::Out(as_bytes(buf))
                 } else {
                     Payload::In(as_bytes_mut(buf))
                 };
                 let part = Part {
-                    peer: route.peer,
-                    tag: route.tag,
+                    peer: m.peer,
+                    tag: m.tag,
                     op: None,
                     payload,
                 };

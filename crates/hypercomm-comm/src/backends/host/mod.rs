@@ -292,22 +292,6 @@ impl Backend for HostBackend {
         staged::scatter(&mut cx, input, output, dtype, root)
     }
 
-    fn send(&mut self, data: &[u8], dtype: DType, peer: usize, tag: u64) -> Result<(), CommError> {
-        self.transport
-            .send(peer, &p2p_header(dtype, data.len(), tag, None), data)
-    }
-
-    fn recv(
-        &mut self,
-        data: &mut [u8],
-        dtype: DType,
-        peer: usize,
-        tag: u64,
-    ) -> Result<(), CommError> {
-        let header = p2p_header(dtype, data.len(), tag, None);
-        self.transport.recv(peer, &header, data)
-    }
-
     fn batch(&mut self, parts: &mut [Part<'_>], dtype: DType) -> Result<(), CommError> {
         let mut messages: Vec<Message<'_>> = parts
             .iter_mut()

@@ -377,22 +377,6 @@ impl Transport for ShmTransport {
         consume(out, &peers)
     }
 
-    fn send(&mut self, peer: usize, header: &Header, data: &[u8]) -> Result<(), CommError> {
-        self.exchange(&mut [Message {
-            peer,
-            header: *header,
-            payload: Payload::Out(data),
-        }])
-    }
-
-    fn recv(&mut self, peer: usize, header: &Header, data: &mut [u8]) -> Result<(), CommError> {
-        self.exchange(&mut [Message {
-            peer,
-            header: *header,
-            payload: Payload::In(data),
-        }])
-    }
-
     fn exchange_some(
         &mut self,
         messages: &mut [Message<'_>],

@@ -147,6 +147,25 @@ impl TcpTransport {
         })
     }
 
+    /// Receives the next point-to-point message from `peer` into `data`; its header must equal `header` (else a
+    /// mismatch, and the message stays for a later receive).
+    pub(super) fn receive(
+        &mut self,
+        peer: usize,
+        header: &Header,
+        data: &mut [u8],
+    ) -> Result<(), CommError> {
+        let during = format!("{header} from rank {peer}");
+        let f = self.next_frame(peer, KIND_P2P, &during)?;
+        if f.header != *header || f.len != data.len() {
+            let error = p2p_mismatch(&self.comm, self.rank, header, peer, &f.header);
+            self.stash[peer].push_front(f);
+            return Err(error);
+        }
+        data.copy_from_slice(f.bytes());
+        Ok(())
+    }
+
     /// Whether a point-to-point frame from `peer` is already in the stash.
     pub(super) fn has_p2p_frame(&self, peer: usize) -> bool {
         self.stash[peer].iter().any(|f| f.kind == KIND_P2P)
@@ -349,24 +368,6 @@ impl Transport for TcpTransport {
             wanted,
         };
         consume(out, &peers)
-    }
-
-    fn send(&mut self, peer: usize, header: &Header, data: &[u8]) -> Result<(), CommError> {
-        let during = format!("{header} to rank {peer}");
-        write_frame(self.stream(peer)?, KIND_P2P, header, &[data])
-            .map_err(|e| self.failure(peer, e, &during))
-    }
-
-    fn recv(&mut self, peer: usize, header: &Header, data: &mut [u8]) -> Result<(), CommError> {
-        let during = format!("{header} from rank {peer}");
-        let f = self.next_frame(peer, KIND_P2P, &during)?;
-        if f.header != *header || f.len != data.len() {
-            let error = p2p_mismatch(&self.comm, self.rank, header, peer, &f.header);
-            self.stash[peer].push_front(f);
-            return Err(error);
-        }
-        data.copy_from_slice(f.bytes());
-        Ok(())
     }
 
     fn exchange_some(

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 
 use super::tcp::{HEAD, KIND_P2P, TcpTransport, frame_head};
-use super::transport::{Message, Transport};
+use super::transport::Message;
 use crate::CommError;
 use crate::backend::{Payload, Progress};
 
@@ -306,7 +306,7 @@ impl TcpTransport {
                     continue;
                 };
                 let header = m.header;
-                self.recv(m.peer, &header, data)?;
+                self.receive(m.peer, &header, data)?;
                 progress.moved[i] = 1;
                 progress.done[i] = true;
                 recvs.retain(|&j| j != i);

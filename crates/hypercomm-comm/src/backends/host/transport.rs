@@ -68,10 +68,6 @@ pub(crate) trait Transport: Send {
         out: &mut [u8],
         consume: &mut Consume<'_>,
     ) -> Result<(), CommError>;
-    /// Sends `data` to `peer`; may return before the peer receives it.
-    fn send(&mut self, peer: usize, header: &Header, data: &[u8]) -> Result<(), CommError>;
-    /// Receives the next message from `peer` into `data`; its header must equal `header`.
-    fn recv(&mut self, peer: usize, header: &Header, data: &mut [u8]) -> Result<(), CommError>;
     /// Sends and receives every message at once: no message waits for another to complete, so two ranks that
     /// send each other large messages in one exchange both finish. Messages with the same peer and direction
     /// go in their order, as separate sends and receives would.
