@@ -16,9 +16,20 @@
 //! The `step_*` cases kill a rank at every named step of a collection build (`BuildStep::NAMES`, through the
 //! public hook `CollectionBuilder::with_step_hook`).
 //!
+//! The `device_*` cases give every rank a GPU under `fake-gpu`, the strict stand-in CUDA driver and NCCL (see
+//! `crates/hypercomm-comm/tests/fake_support`), and a collection whose communicators have an NCCL flavor: a rank
+//! that never calls while the others only order their streams and read the result to the host, a rank that calls
+//! another collective, an asynchronous NCCL error on one rank's communicator, and a ring of stages that each send
+//! before they receive. There the GPU's watchdog must end what would hang, and every rank must also leave a flight
+//! record (`HYPERCOMM_FLIGHT_RECORDER_DIR`) for each of its NCCL communicators, holding its operations.
+//!
 //! With `HC_FAULT_TABLE=<path>`, the table is also written to that file (`docs/reliability.md` is made so).
 
+mod device;
+#[path = "../../crates/hypercomm-comm/tests/fake_support/mod.rs"]
+mod fake_support;
 mod rank;
+mod report;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -58,6 +69,13 @@ enum Expect {
     Link(usize, usize),
     /// The store died: the error names the store's address.
     StoreAddress,
+    /// NCCL failed on the victim's communicator without saying why: nobody is blamed, and every rank's error
+    /// carries NCCL's error (`ncclRemoteError`), the victim's as seen by its watchdog, the others' as the root
+    /// cause the victim recorded.
+    NcclFailure,
+    /// Every rank waited on the next in a cycle: each blames all of them (`culprits()`), none is lost, and the
+    /// error says it was a cycle.
+    Cycle,
 }
 
 struct Case {
@@ -205,7 +223,57 @@ fn cases() -> Vec<Case> {
         ),
     ];
     cases.extend(step_cases());
+    cases.extend([
+        case(
+            "device_never_calls",
+            "device: a rank never calls; the others wait_on, then copy to host",
+            Fate::Faulty,
+            last,
+            lost,
+        ),
+        case(
+            "device_mismatch",
+            "device: a rank calls all_gather where the others reduce_scatter",
+            Fate::Faulty,
+            last,
+            Expect::Blames { lost: false },
+        ),
+        case(
+            "device_async_error",
+            "device: asynchronous NCCL error on one rank's world communicator",
+            Fate::Faulty,
+            last,
+            Expect::NcclFailure,
+        ),
+        case(
+            "device_cycle",
+            "device: a ring of 4 stages, each send before recv",
+            Fate::Survives,
+            last,
+            Expect::Cycle,
+        ),
+    ]);
     cases
+}
+
+/// The fake's settings for a device case: one fake device per rank; NCCL's own timeout far beyond the
+/// communicators' (so the watchdog must act); the mismatch hanging as NCCL's kernels would; the asynchronous
+/// error on the victim's world communicator (the only one where a rank is `victim`).
+fn fake_env(case: &Case) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("FAKE_GPU_DEVICES", RANKS.to_string()),
+        ("FAKE_NCCL_TIMEOUT_SECS", "60".to_owned()),
+    ];
+    match case.name.as_str() {
+        "device_mismatch" => env.push(("FAKE_NCCL_MISMATCH_HANGS", "1".to_owned())),
+        "device_async_error" => {
+            env.push(("FAKE_NCCL_FAIL_AFTER", "2".to_owned()));
+            env.push(("FAKE_NCCL_FAIL_RANK", case.victim.to_string()));
+            env.push(("FAKE_GPU_STREAM_DELAY_MS", "100".to_owned()));
+        }
+        _ => {}
+    }
+    env
 }
 
 /// Steps that only ranks other than 0 go through: killing rank 0 there is impossible, so rank 1 dies instead.
@@ -238,6 +306,8 @@ struct Seen {
     lost: Option<Vec<usize>>,
     culprits: Option<Vec<usize>>,
     err: String,
+    /// The NCCL communicators the rank had, with how many operations each numbered (`FLIGHT` lines).
+    flights: Vec<(String, u64)>,
 }
 
 /// A rank list as `{:?}` prints it: `[0, 3]`.
@@ -255,6 +325,13 @@ fn parse(lines: &[String]) -> Seen {
     for line in lines {
         if let Some(pid) = line.strip_prefix("pid ") {
             seen.pid = pid.trim().parse().ok();
+        }
+        if let Some((comm, issued)) = line
+            .strip_prefix("FLIGHT ")
+            .and_then(|l| l.rsplit_once(" issued="))
+            && let Ok(issued) = issued.trim().parse()
+        {
+            seen.flights.push((comm.to_owned(), issued));
         }
         for tag in ["SEEN ms=", "FAULTY ms="] {
             let Some(rest) = line.strip_prefix(tag) else {
@@ -291,6 +368,14 @@ fn check_blame(case: &Case, rank: usize, seen: &Seen, store: Option<&str>) -> Re
         Expect::Link(a, b) if rank == b => lost == [a],
         Expect::Link(a, b) => lost == [a] || lost == [b],
         Expect::StoreAddress => store.is_some_and(|addr| seen.err.contains(addr)),
+        Expect::NcclFailure => {
+            lost.is_empty() && culprits.is_empty() && seen.err.contains("ncclRemoteError")
+        }
+        Expect::Cycle => {
+            lost.is_empty()
+                && culprits == (0..RANKS).collect::<Vec<_>>()
+                && seen.err.contains("a cycle of waits")
+        }
     };
     if ok {
         Ok(())
@@ -376,7 +461,40 @@ fn start_store() -> (Child, String) {
 /// A passing case: the fastest and slowest time to error, the job's wall time, and a sample error.
 type Row = (u128, u128, f64, String);
 
+/// Whether rank `rank` left a flight record for each NCCL communicator it had (`seen.flights`), holding as many
+/// operations as the communicator numbered, and the failure that stopped it.
+fn check_flights(dir: &std::path::Path, rank: usize, seen: &Seen) -> Result<(), String> {
+    if seen.flights.is_empty() {
+        return Err(format!("rank {rank} listed no NCCL communicator"));
+    }
+    for (comm, issued) in &seen.flights {
+        let path = dir.join(format!("{}.rank{rank}.json", comm.replace('/', "_")));
+        let bytes = std::fs::read(&path)
+            .map_err(|e| format!("rank {rank}: no flight record at {}: {e}", path.display()))?;
+        let record: hypercomm_comm::device::FlightRecord = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("rank {rank}: {}: {e}", path.display()))?;
+        let last = record.ops.last().map(|e| e.seq);
+        if record.issued != *issued || (*issued > 0 && last != Some(*issued)) {
+            return Err(format!(
+                "rank {rank}: the flight record of {comm} holds {} operations up to {last:?}, the communicator \
+                 numbered {issued}",
+                record.issued
+            ));
+        }
+        if record.failure.is_none() {
+            return Err(format!(
+                "rank {rank}: the flight record of {comm} has no failure"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn run(case: &Case) -> Result<Row, String> {
+    let device = case.name.starts_with("device_");
+    // Kept until the case ends: the fake's libraries and exchange files, and the flight records.
+    let fake = device.then(|| fake_support::FakeDir::new(&case.name));
+    let flight_dir = fake.as_ref().map(|f| f.0.join("flight"));
     let mut launcher = Launcher::current_test("rank::fault_rank")
         .map_err(|e| e.to_string())?
         .nproc(RANKS)
@@ -386,6 +504,18 @@ fn run(case: &Case) -> Result<Row, String> {
         .env("HC_FAULT_CASE", &case.name)
         .env("HC_FAULT_VICTIM", case.victim.to_string())
         .env("HC_FAULT_TIMEOUT_MS", TIMEOUT.as_millis().to_string());
+    if let (Some(fake), Some(flights)) = (&fake, &flight_dir) {
+        let mut cmd = Command::new("true");
+        let env = fake_env(case);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        fake_support::with_fake_env(&mut cmd, fake, &env);
+        for (k, v) in cmd.get_envs() {
+            if let Some(v) = v {
+                launcher = launcher.env(k, v);
+            }
+        }
+        launcher = launcher.env(hypercomm_comm::device::FLIGHT_RECORDER_DIR_ENV, flights);
+    }
     let store = (case.name == "store_kill").then(start_store);
     let store_addr = store.as_ref().map(|(_, addr)| addr.clone());
     if let Some(addr) = &store_addr {
@@ -420,7 +550,7 @@ fn run(case: &Case) -> Result<Row, String> {
                 Fate::Stopped => {
                     matches!(outcome.exit, Exit::Signal(_)) && outcome.stopped_by_launcher
                 }
-                Fate::Faulty => outcome.exit == Exit::Code(rank::EXPECTED),
+                Fate::Faulty => outcome.exit == Exit::Code(report::EXPECTED),
                 Fate::Survives => true,
             };
             if !ok {
@@ -437,7 +567,7 @@ fn run(case: &Case) -> Result<Row, String> {
                 detail()
             ));
         };
-        if outcome.exit != Exit::Code(rank::EXPECTED) {
+        if outcome.exit != Exit::Code(report::EXPECTED) {
             return Err(format!(
                 "rank {} ended {:?}\n{}",
                 outcome.rank,
@@ -460,10 +590,18 @@ fn run(case: &Case) -> Result<Row, String> {
                 outcome.rank, seen.err
             ));
         }
-        // A misconfigured victim only has to fail; the tpdp_count victim disagrees in a communicator and must
-        // blame itself like everyone else.
-        if !victim || case.name == "tpdp_count" {
+        // A misconfigured victim only has to fail; a victim that disagrees in a communicator (tpdp_count,
+        // device_mismatch) must blame itself like everyone else, and one whose NCCL failed must report it.
+        if !victim
+            || matches!(
+                case.expect,
+                Expect::Blames { lost: false } | Expect::NcclFailure
+            )
+        {
             check_blame(case, outcome.rank, &seen, store_addr.as_deref())?;
+        }
+        if let Some(dir) = &flight_dir {
+            check_flights(dir, outcome.rank, &seen)?;
         }
         if std::env::var_os("HC_FAULT_VERBOSE").is_some() {
             println!(
@@ -538,7 +676,9 @@ fn every_fault_ends_in_a_named_error_within_the_timeout() {
              Written by `HC_FAULT_TABLE={} cargo test --test faults -- --nocapture` (`tests/faults/`; debug build).\n\
              Each case: {RANKS} rank processes through the launcher; every reporting rank must blame the faulty rank by\n\
              world rank (`lost_ranks()`/`culprits()`), within the timeout + margin, leaving no process, no file in\n\
-             `/dev/shm` and no socket. Load average (1 min) when the run ended: {}.\n\n{table}",
+             `/dev/shm` and no socket. The `device_*` cases give each rank a GPU under `fake-gpu` (the strict stand-in\n\
+             CUDA driver and NCCL), where the GPU's watchdog must end what would hang, and each rank must also leave a\n\
+             flight record for every NCCL communicator of its collection. Load average (1 min) when the run ended: {}.\n\n{table}",
             path.to_string_lossy(),
             std::fs::read_to_string("/proc/loadavg")
                 .ok()

@@ -1,76 +1,23 @@
 //! The rank side of the fault suite: what each process does in each case. Run by the launcher as the
 //! `#[ignore]`d test `rank::fault_rank`; does nothing without `HC_FAULT_CASE`.
 //!
-//! Every rank prints `pid <pid>` first. A rank that observes the fault prints `SEEN ms=<time to error> err=<error>`
-//! and exits with [`EXPECTED`]; a misconfigured rank that fails as it should prints `FAULTY ...` and exits the same
-//! way. Any other outcome panics (exit status 101), which the driver reports.
+//! Every rank prints `pid <pid>` first, then reports what it saw (`report`). Any other outcome panics (exit
+//! status 101), which the driver reports. The device cases' ranks are in `device`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hypercomm::comm::{CommError, CommOptions, Communicator, ReduceOp};
+use hypercomm::comm::{CommOptions, Communicator, ReduceOp};
 use hypercomm::grid::layout::LayoutConfig;
 use hypercomm::pgc::{BuildStep, CollectionError, GroupId, ProcessGroupCollection};
-use hypercomm::store::{ClientOptions, Key, Rendezvous, Secret, Store, StoreError, TcpStore};
+use hypercomm::store::{ClientOptions, Key, Rendezvous, Secret, Store, TcpStore};
 use rustix::process::{Signal, getpid, kill_process};
 
-/// Exit status of a rank that saw the injected fault as it should.
-pub const EXPECTED: i32 = 17;
+use crate::device;
+use crate::report::seen;
 
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} must be set for a fault rank"))
-}
-
-/// The ranks an error blames, as its structured fields say (not its text).
-trait Blame: std::fmt::Display {
-    /// Lost (dead or missing) ranks at the root of the failure.
-    fn lost(&self) -> Vec<usize>;
-    /// Every rank to blame, disagreeing ones included.
-    fn culprits(&self) -> Vec<usize>;
-}
-
-impl Blame for CommError {
-    fn lost(&self) -> Vec<usize> {
-        self.lost_ranks().to_vec()
-    }
-    fn culprits(&self) -> Vec<usize> {
-        CommError::culprits(self).to_vec()
-    }
-}
-
-impl Blame for CollectionError {
-    fn lost(&self) -> Vec<usize> {
-        self.lost_ranks().to_vec()
-    }
-    fn culprits(&self) -> Vec<usize> {
-        CollectionError::culprits(self).to_vec()
-    }
-}
-
-impl Blame for StoreError {
-    fn lost(&self) -> Vec<usize> {
-        Vec::new()
-    }
-    fn culprits(&self) -> Vec<usize> {
-        Vec::new()
-    }
-}
-
-/// Prints the observation (`<tag> ms=<time> lost=[..] culprits=[..] err=<text>`) and exits; an `Ok` means the
-/// fault went unnoticed, which fails the case.
-fn seen<T, E: Blame>(tag: &str, start: Instant, result: Result<T, E>) -> ! {
-    match result {
-        Ok(_) => panic!("the fault went unnoticed: the operation succeeded"),
-        Err(e) => {
-            println!(
-                "{tag} ms={} lost={:?} culprits={:?} err={e}",
-                start.elapsed().as_millis(),
-                e.lost(),
-                e.culprits()
-            );
-            std::process::exit(EXPECTED);
-        }
-    }
 }
 
 /// Sends `signal` to this process and never returns. The signal may land a moment after `kill` returns, so the
@@ -214,6 +161,9 @@ fn fault_rank() {
         }
         "tpdp_kill_shm" | "tpdp_kill_tcp" | "tpdp_stop_shm" | "tpdp_count" => {
             tp_dp_job(&case, me, victim, n, timeout, options.force_tcp, store)
+        }
+        device if device.starts_with("device_") => {
+            device::run(device, me, victim, n, timeout, store)
         }
         _ => {}
     }

@@ -79,8 +79,9 @@ pub enum CommError {
     },
     /// Some ranks did not reach an operation within the timeout. The communicator is now broken.
     #[error(
-        "communicator {comm}{}: rank(s) {missing:?} did not respond within {after:?} (in {during}){}",
+        "communicator {comm}{}: {} within {after:?} (in {during}){}",
         members_suffix(members),
+        who_missed(missing),
         cause_suffix(cause.as_deref())
     )]
     Timeout {
@@ -88,7 +89,8 @@ pub enum CommError {
         comm: String,
         /// The communicator's member ids (see [`CommError`]); empty where the backend does not know them.
         members: Vec<usize>,
-        /// The ranks (member ids) that were waited for.
+        /// The ranks (member ids) that were waited for; empty when no rank was missing (the operation did not
+        /// finish in time all the same: the ranks disagreed, or waited on each other, as `cause` says).
         missing: Vec<usize>,
         /// The timeout.
         after: Duration,
@@ -142,6 +144,10 @@ pub enum CommError {
         comm: String,
         /// The first failure, as text.
         cause: String,
+        /// The root cause settled in the communicator's failure domain, when one was: whom
+        /// [`lost_ranks`](CommError::lost_ranks) and [`culprits`](CommError::culprits) blame. A failure that the
+        /// GPU's watchdog met first reaches the user only this way.
+        root: Option<Box<RootCause>>,
     },
     /// Rendezvous through the store failed.
     #[error("communicator {comm}: store: {source}")]
@@ -186,6 +192,14 @@ fn members_suffix(members: &[usize]) -> String {
         String::new()
     } else {
         format!(" (members {members:?})")
+    }
+}
+
+fn who_missed(missing: &[usize]) -> String {
+    if missing.is_empty() {
+        "the operation did not finish".to_owned()
+    } else {
+        format!("rank(s) {missing:?} did not respond")
     }
 }
 
@@ -236,16 +250,38 @@ pub enum Fault {
     Missing,
     /// They called an operation with arguments that disagree with the others'.
     Disagreed,
+    /// They waited on each other in a cycle, each for the next (every stage of a ring sending before it
+    /// receives, as separate operations that NCCL runs in issue order), so none could go on.
+    Deadlocked,
 }
 
 impl Fault {
-    /// The fault as a word (`"died"`, `"missing"`, `"disagreed"`).
+    /// The fault as a word (`"died"`, `"missing"`, `"disagreed"`, `"deadlocked"`).
     pub fn name(self) -> &'static str {
         match self {
             Fault::Died => "died",
             Fault::Missing => "missing",
             Fault::Disagreed => "disagreed",
+            Fault::Deadlocked => "deadlocked",
         }
+    }
+
+    /// The fault named by [`name`](Self::name).
+    pub fn from_name(name: &str) -> Option<Fault> {
+        [
+            Fault::Died,
+            Fault::Missing,
+            Fault::Disagreed,
+            Fault::Deadlocked,
+        ]
+        .into_iter()
+        .find(|f| f.name() == name)
+    }
+
+    /// Whether the ranks at fault are lost to the job (dead, or gone silent), rather than alive and at odds with
+    /// the others (a disagreement, a cycle of waits).
+    pub fn loses_ranks(self) -> bool {
+        matches!(self, Fault::Died | Fault::Missing)
     }
 }
 
@@ -273,6 +309,7 @@ impl std::fmt::Display for RootCause {
             Fault::Died => "died",
             Fault::Missing => "did not respond",
             Fault::Disagreed => "disagreed",
+            Fault::Deadlocked => "waited on each other in a cycle",
         };
         // An NCCL failure does not say which rank was lost.
         let who = if self.ranks.is_empty() {
@@ -289,6 +326,19 @@ impl std::fmt::Display for RootCause {
 }
 
 impl CommError {
+    /// Communicator `comm` is broken by `cause` (text), with the root cause settled in its failure domain, if any.
+    pub(crate) fn broken(
+        comm: &str,
+        cause: impl Into<String>,
+        root: Option<RootCause>,
+    ) -> CommError {
+        CommError::Broken {
+            comm: comm.to_owned(),
+            cause: cause.into(),
+            root: root.map(Box::new),
+        }
+    }
+
     /// A timeout in a backend, with ranks as positions within the communicator (the communicator turns them into
     /// member ids and fills in the members).
     pub(crate) fn timeout(
@@ -372,11 +422,11 @@ impl CommError {
 
     /// The ranks at the root of this failure that were lost (dead or missing), as member ids (world ranks in a
     /// collection): the root cause's ranks when a peer recorded one, else the dead or missing ranks this rank saw.
-    /// Empty for errors that lose no rank (a disagreement, a deliberate abort, a bad argument). Pass them to
-    /// `ShrunkLayout::without_replicas_of` to rebuild without them.
+    /// Empty for errors that lose no rank (a disagreement, a cycle of waits, a deliberate abort, a bad argument).
+    /// Pass them to `ShrunkLayout::without_replicas_of` to rebuild without them.
     pub fn lost_ranks(&self) -> &[usize] {
         match self.root_cause() {
-            Some(c) if c.fault == Fault::Disagreed => &[],
+            Some(c) if !c.fault.loses_ranks() => &[],
             Some(c) => &c.ranks,
             None => match self {
                 CommError::Timeout { missing, .. } => missing,
@@ -403,6 +453,7 @@ impl CommError {
             CommError::Timeout { cause, .. } | CommError::AbortedByPeer { cause, .. } => {
                 cause.as_deref()
             }
+            CommError::Broken { root, .. } => root.as_deref(),
             _ => None,
         }
     }
@@ -503,5 +554,39 @@ mod tests {
         };
         assert_eq!(e.lost_ranks(), [] as [usize; 0]);
         assert_eq!(e.culprits(), [2]);
+    }
+
+    #[test]
+    fn a_broken_communicator_blames_the_root_cause_its_domain_settled() {
+        // The GPU's watchdog met the timeout first: the user's next call is all that reports it.
+        let cause = RootCause {
+            ranks: vec![5],
+            fault: Fault::Died,
+            comm: "m/dp/0/device".into(),
+            seen_by: 1,
+            detail: "op #2 all_reduce(dtype=f32, count=1)".into(),
+        };
+        let e = CommError::broken("m/dp/0/device", "timed out", Some(cause.clone()));
+        assert_eq!((e.lost_ranks(), e.culprits()), (&[5][..], &[5][..]));
+        assert_eq!(e.root_cause(), Some(&cause));
+        assert_eq!(
+            e.to_string(),
+            "communicator m/dp/0/device is broken: timed out"
+        );
+        // A cycle of waits loses nobody but blames every rank on it.
+        let cycle = RootCause {
+            ranks: vec![0, 1, 2],
+            fault: Fault::Deadlocked,
+            ..cause
+        };
+        let e = CommError::broken("m/pp/0/device", "timed out", Some(cycle));
+        assert_eq!((e.lost_ranks(), e.culprits()), (&[][..], &[0, 1, 2][..]));
+        assert_eq!(
+            Fault::from_name(Fault::Deadlocked.name()),
+            Some(Fault::Deadlocked)
+        );
+        // Without a settled cause, nothing is blamed.
+        let e = CommError::broken("c", "aborted", None);
+        assert!(e.lost_ranks().is_empty() && e.culprits().is_empty());
     }
 }

@@ -494,7 +494,7 @@ fn aborted(
 ) -> CommError {
     let lost = cause
         .as_ref()
-        .filter(|c| c.fault != Fault::Disagreed)
+        .filter(|c| c.fault.loses_ranks())
         .map_or_else(Vec::new, |c| c.ranks.clone());
     CommError::AbortedByPeer {
         comm,
@@ -614,12 +614,7 @@ fn decode(bytes: &[u8]) -> Option<Record> {
     if state == "none" {
         return Some(Record::NoCause);
     }
-    let fault = match lines.next()? {
-        "died" => Fault::Died,
-        "missing" => Fault::Missing,
-        "disagreed" => Fault::Disagreed,
-        _ => return None,
-    };
+    let fault = Fault::from_name(lines.next()?)?;
     let ranks = lines
         .next()?
         .split(',')

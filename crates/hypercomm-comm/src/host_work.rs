@@ -80,10 +80,11 @@ impl<R> Completer<R> {
 impl<R> Drop for Completer<R> {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            *slot.lock() = Some(Err(CommError::Broken {
-                comm: self.comm.clone(),
-                cause: "the operation was dropped before it ran (progress thread stopped)".into(),
-            }));
+            *slot.lock() = Some(Err(CommError::broken(
+                &self.comm,
+                "the operation was dropped before it ran (progress thread stopped)",
+                None,
+            )));
             slot.done.notify_all();
         }
     }

@@ -142,6 +142,20 @@ impl Op {
         }
     }
 
+    /// For a point-to-point operation (a send, a receive, a batch): the ranks it sends to and receives from,
+    /// each in the order of its parts; `None` for a collective, which every rank of the communicator joins.
+    pub(crate) fn point_to_point(&self) -> Option<(Vec<usize>, Vec<usize>)> {
+        match self {
+            Op::Send { peer, .. } => Some((vec![*peer], Vec::new())),
+            Op::Recv { peer, .. } => Some((Vec::new(), vec![*peer])),
+            Op::Batch(parts) => Some((
+                parts.iter().filter(|m| m.send).map(|m| m.peer).collect(),
+                parts.iter().filter(|m| !m.send).map(|m| m.peer).collect(),
+            )),
+            _ => None,
+        }
+    }
+
     /// The operation's name in errors and records (`"all_reduce"`, ...).
     pub fn name(&self) -> &'static str {
         match self {

@@ -31,10 +31,11 @@ impl Engine {
         f: impl FnOnce(&mut dyn Backend) -> Result<R, CommError>,
     ) -> Result<R, CommError> {
         if let Some(cause) = lock(&self.broken).clone() {
-            return Err(CommError::Broken {
-                comm: self.comm.clone(),
+            return Err(CommError::broken(
+                &self.comm,
                 cause,
-            });
+                self.domain.root_cause(),
+            ));
         }
         f(self.backend.as_mut()).map_err(|e| {
             let e = failure::to_members(e, &self.members);

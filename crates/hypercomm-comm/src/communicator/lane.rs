@@ -191,10 +191,11 @@ impl Lane {
     pub(super) fn push(self: &Arc<Self>, job: Job) -> Result<u64, CommError> {
         let mut state = self.lock();
         if state.closed {
-            return Err(CommError::Broken {
-                comm: self.comm.clone(),
-                cause: "the communicator was aborted".into(),
-            });
+            return Err(CommError::broken(
+                &self.comm,
+                "the communicator was aborted",
+                None,
+            ));
         }
         if !state.started {
             let lane = Arc::clone(self);

@@ -500,10 +500,11 @@ impl Communicator {
     /// Queues the job `make` builds around the completer of a new handle, unless the communicator is broken.
     fn queue<R>(&self, make: impl FnOnce(Completer<R>) -> Job) -> Result<HostWork<R>, CommError> {
         if let Some(cause) = self.broken() {
-            return Err(CommError::Broken {
-                comm: self.name.clone(),
+            return Err(CommError::broken(
+                &self.name,
                 cause,
-            });
+                self.domain.root_cause(),
+            ));
         }
         let (work, done) = pair(&self.name);
         let id = self.shared.lane.push(make(done))?;

@@ -183,12 +183,12 @@ impl Exchange {
     /// Finishes every operation with `error` (the first) or as broken by it (the others).
     fn fail(self, comm: &str, error: CommError) {
         let cause = error.to_string();
+        let root = error.root_cause().cloned();
         let mut error = Some(error);
         for (_, _, op) in self.ops {
-            let e = error.take().unwrap_or_else(|| CommError::Broken {
-                comm: comm.to_owned(),
-                cause: cause.clone(),
-            });
+            let e = error
+                .take()
+                .unwrap_or_else(|| CommError::broken(comm, cause.clone(), root.clone()));
             op.finish(Err(e));
         }
     }

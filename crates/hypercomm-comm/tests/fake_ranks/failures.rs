@@ -265,10 +265,23 @@ fn three_connected(
     name: &str,
     dir: &Path,
 ) -> Communicator {
+    connected(3, gpu, store, rank, name, dir)
+}
+
+/// Rank `rank` of an `n`-rank communicator `name` with the watched timeout and flight records in `dir`, after a
+/// first all-reduce that connects the ranks.
+fn connected(
+    n: usize,
+    gpu: &Arc<Gpu>,
+    store: Arc<dyn Store>,
+    rank: usize,
+    name: &str,
+    dir: &Path,
+) -> Communicator {
     let comm = Communicator::with_gpu(
         Arc::clone(gpu),
         store,
-        vec![0, 1, 2],
+        (0..n).collect(),
         rank,
         CommOptions {
             timeout: WATCHED_TIMEOUT,
@@ -280,7 +293,7 @@ fn three_connected(
     let first = comm
         .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
         .unwrap();
-    assert_eq!(first.wait().unwrap().download().unwrap(), [3.0]);
+    assert_eq!(first.wait().unwrap().download().unwrap(), [n as f32]);
     comm
 }
 
@@ -510,4 +523,62 @@ fn fake_a_rank_that_calls_another_collective_is_named_as_the_disagreement() {
                 .is_some()
         );
     });
+}
+
+#[test]
+#[ignore = "run under fake-gpu by suite_the_watchdog_stops_what_would_hang"]
+fn fake_a_ring_of_stages_that_send_before_they_receive_is_named_as_a_cycle() {
+    // Four pipeline stages, each sending to the next and then receiving from the previous, as two separate
+    // operations: NCCL runs a communicator's operations in issue order, so every send waits for a receive queued
+    // behind the receiver's own send, and nothing moves (the fake's sends wait for their receives as NCCL's do).
+    // Past the timeout every rank names the same cycle: the four ranks and the operation each is stuck at.
+    let dir = flight_dir("cycle");
+    let outcomes = ranks(4, |rank, gpu, store| {
+        let comm = connected(4, &gpu, store, rank, "ring", &dir);
+        let (next, prev) = ((rank + 1) % 4, (rank + 3) % 4);
+        let started = Instant::now();
+        let sent = comm
+            .send(gpu.upload(&[rank as f32; 8]).unwrap(), next, 0)
+            .unwrap();
+        let received = comm
+            .recv(gpu.alloc_zeros::<f32>(8).unwrap(), prev, 0)
+            .unwrap();
+        let e = sent.wait().expect_err("the ring never moves");
+        let took = started.elapsed();
+        let later = received
+            .wait()
+            .expect_err("nor does the receive behind the send");
+        eprintln!("watchdog-case: cycle: rank {rank} failed after {took:?}: {e}");
+        assert!(took < WATCHED_TIMEOUT + Duration::from_secs(5), "{took:?}");
+        assert!(e.to_string().contains("ring/device"), "{e}");
+        assert!(later.is_fatal(), "{later}");
+        let cause = comm
+            .failure_domain()
+            .root_cause()
+            .expect("a recorded cause");
+        assert_eq!(
+            cause.fault,
+            hypercomm_comm::Fault::Deadlocked,
+            "rank {rank}: {cause}"
+        );
+        assert_eq!(cause.ranks, [0, 1, 2, 3], "rank {rank}: {cause}");
+        assert!(
+            e.lost_ranks().is_empty() && e.culprits() == [0, 1, 2, 3],
+            "{e}"
+        );
+        let record = written_record(&dir, "ring/device", rank);
+        let last: Vec<String> = record.ops.iter().skip(1).map(|e| e.describe()).collect();
+        assert_eq!(
+            last,
+            [
+                format!("send(#2, dtype=f32, count=8, to=[{next}])"),
+                format!("recv(#3, dtype=f32, count=8, from=[{prev}])")
+            ],
+            "rank {rank}"
+        );
+        cause.detail
+    });
+    // Every rank tells the same cycle.
+    assert!(outcomes[0].starts_with("a cycle of waits on ring/device: rank 0 at #2 send(dtype=f32, count=8, to=[1]), which waits for rank 1"), "{}", outcomes[0]);
+    assert!(outcomes.iter().all(|d| *d == outcomes[0]), "{outcomes:#?}");
 }

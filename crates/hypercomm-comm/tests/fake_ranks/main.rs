@@ -143,6 +143,10 @@ fn suite_the_watchdog_stops_what_would_hang() {
         "failures::fake_a_rank_that_never_calls_is_named_while_the_others_only_order_their_streams",
         &[(DEVICES, "3"), ("FAKE_NCCL_TIMEOUT_SECS", "30")],
     ));
+    cases(pass_under_fake(
+        "failures::fake_a_ring_of_stages_that_send_before_they_receive_is_named_as_a_cycle",
+        &[(DEVICES, "4"), ("FAKE_NCCL_TIMEOUT_SECS", "30")],
+    ));
     let flight = std::env::temp_dir().join(format!("hypercomm-flight-{}", std::process::id()));
     let dir = flight.to_string_lossy().into_owned();
     cases(pass_under_fake(

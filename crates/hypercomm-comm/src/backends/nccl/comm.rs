@@ -244,12 +244,16 @@ impl NcclComm {
         self.broken.get().cloned()
     }
 
+    /// The error of a call on this communicator once it is broken by `cause`, with the root cause its failure
+    /// domain settled, if any.
+    pub(crate) fn broken_error(&self, cause: String) -> CommError {
+        let root = self.domain.as_deref().and_then(FailureDomain::root_cause);
+        CommError::broken(&self.name, cause, root)
+    }
+
     fn fail_if_broken(&self) -> Result<(), CommError> {
         match self.broken() {
-            Some(cause) => Err(CommError::Broken {
-                comm: self.name.clone(),
-                cause,
-            }),
+            Some(cause) => Err(self.broken_error(cause)),
             None => Ok(()),
         }
     }
@@ -262,10 +266,8 @@ impl NcclComm {
     ) -> Result<R, CommError> {
         self.fail_if_broken()?;
         let mut guard = lock(&self.handle);
-        let handle = guard.ok_or_else(|| CommError::Broken {
-            comm: self.name.clone(),
-            cause: "the communicator was aborted".into(),
-        })?;
+        let handle =
+            guard.ok_or_else(|| self.broken_error("the communicator was aborted".into()))?;
         let result = f(handle);
         if self.broken.get().is_some() {
             self.abort_locked(&mut guard);
@@ -306,10 +308,7 @@ impl NcclComm {
                     .as_deref()
                     .copied()
                     .flatten()
-                    .ok_or_else(|| CommError::Broken {
-                        comm: comm.name.clone(),
-                        cause: "the communicator was aborted".into(),
-                    })
+                    .ok_or_else(|| comm.broken_error("the communicator was aborted".into()))
             })
             .collect::<Result<Vec<CommHandle>, CommError>>()?;
         let result = f(&handles);
@@ -426,12 +425,10 @@ impl NcclComm {
             if let Some(t) = self.timed_out.get() {
                 return t.error(&self.name);
             }
-            return CommError::Broken {
-                comm: self.name.clone(),
-                cause: self
-                    .broken()
+            return self.broken_error(
+                self.broken()
                     .unwrap_or_else(|| format!("timed out in {during}")),
-            };
+            );
         }
         let during = format!("{during}; the nccl communicator was aborted");
         let error = super::behind::diagnose(

@@ -18,11 +18,12 @@
 //! (slashes in the name become `_`). A deliberate [`abort`](crate::device::DeviceCommunicator::abort) writes
 //! nothing.
 //!
-//! Cost on an operation's path: one uncontended lock and an entry written into a preallocated ring; no
-//! allocation, no driver call.
+//! Cost on an operation's path: one uncontended lock and an entry written into a preallocated ring; no driver
+//! call, and no allocation for a collective (a point-to-point operation's entry lists its peers).
 //!
-//! Point-to-point operations are numbered too; between ranks that do not all take part in them, the numbers of
-//! later operations differ between ranks, and the comparison between ranks is only as good as the numbers.
+//! Point-to-point operations (sends, receives, batches) are numbered too, and their entries say whom they send to
+//! and receive from: between ranks that do not all take part in them the numbers of later operations differ, so
+//! the ranks compare point-to-point operations by their peers rather than by their numbers (`behind`).
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -73,6 +74,12 @@ pub struct FlightEntry {
     pub count: usize,
     /// Bytes of those elements.
     pub bytes: usize,
+    /// For a point-to-point operation: the member ids it sends to, in the order of its parts (empty otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub to: Vec<usize>,
+    /// For a point-to-point operation: the member ids it receives from, in the order of its parts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from: Vec<usize>,
     /// Where it is.
     pub state: OpState,
     /// When it was enqueued, in microseconds since the Unix epoch.
@@ -82,17 +89,64 @@ pub struct FlightEntry {
 }
 
 impl FlightEntry {
-    /// The operation as errors name it: `all_reduce(#41, dtype=f32, count=1024)`.
+    /// The operation as errors name it: `all_reduce(#41, dtype=f32, count=1024)`, `send(#7, dtype=f32,
+    /// count=8, to=[3])`.
     pub fn describe(&self) -> String {
         format!(
-            "{}(#{}, dtype={}, count={})",
-            self.op, self.seq, self.dtype, self.count
+            "{}(#{}, dtype={}, count={}{})",
+            self.op,
+            self.seq,
+            self.dtype,
+            self.count,
+            self.peers()
         )
     }
 
     /// The call without its number, as ranks compare it: `all_reduce(dtype=f32, count=1024)`.
     pub fn call(&self) -> String {
-        format!("{}(dtype={}, count={})", self.op, self.dtype, self.count)
+        format!(
+            "{}(dtype={}, count={}{})",
+            self.op,
+            self.dtype,
+            self.count,
+            self.peers()
+        )
+    }
+
+    /// Whether it is a point-to-point operation (a send, a receive, a batch): one with peers.
+    pub fn is_point_to_point(&self) -> bool {
+        !(self.to.is_empty() && self.from.is_empty())
+    }
+
+    /// `, to=[3], from=[1]` for a point-to-point operation, nothing for a collective.
+    fn peers(&self) -> String {
+        let mut out = String::new();
+        if !self.to.is_empty() {
+            out.push_str(&format!(", to={:?}", self.to));
+        }
+        if !self.from.is_empty() {
+            out.push_str(&format!(", from={:?}", self.from));
+        }
+        out
+    }
+}
+
+/// Whom a point-to-point operation exchanges with, as ranks within the communicator: what
+/// [`FlightRecorder::begin`] records beside the call (member ids in the entry). Empty for a collective.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Partners {
+    /// The ranks it sends to.
+    pub to: Vec<usize>,
+    /// The ranks it receives from.
+    pub from: Vec<usize>,
+}
+
+impl Partners {
+    /// The partners of `op`: its peers when it is point to point, none for a collective.
+    pub(crate) fn of(op: &crate::op::Op) -> Partners {
+        op.point_to_point()
+            .map(|(to, from)| Partners { to, from })
+            .unwrap_or_default()
     }
 }
 
@@ -179,15 +233,31 @@ impl FlightRecorder {
 
     /// Numbers a new operation and records it as enqueued; it is the pending one until
     /// [`take_pending`](Self::take_pending) (an earlier pending one that never got there failed).
-    pub(crate) fn begin(&self, op: &'static str, dtype: DType, count: usize) -> u64 {
+    /// `partners` are ranks within the communicator; the entry names them by member id.
+    pub(crate) fn begin(
+        &self,
+        op: &'static str,
+        dtype: DType,
+        count: usize,
+        partners: Partners,
+    ) -> u64 {
         let mut r = lock(&self.ring);
         r.issued += 1;
+        let id = |ranks: Vec<usize>| -> Vec<usize> {
+            ranks
+                .into_iter()
+                .map(|i| r.members.get(i).copied().unwrap_or(i))
+                .collect()
+        };
+        let (to, from) = (id(partners.to), id(partners.from));
         let entry = FlightEntry {
             seq: r.issued,
             op: Cow::Borrowed(op),
             dtype: Cow::Borrowed(dtype.name()),
             count,
             bytes: count.saturating_mul(dtype.size()),
+            to,
+            from,
             state: OpState::Enqueued,
             enqueued_us: now_us(),
             finished_us: None,
@@ -345,10 +415,10 @@ mod tests {
     fn the_ring_keeps_the_last_operations_and_their_states() {
         let r = FlightRecorder::new("m/tp/0/device", 2, None);
         r.set_members(&[4, 6], 6);
-        let a = r.begin("all_reduce", DType::F32, 4);
+        let a = r.begin("all_reduce", DType::F32, 4, Partners::default());
         assert_eq!(r.take_pending(), Some(a));
-        let b = r.begin("all_gather", DType::BF16, 8);
-        let c = r.begin("broadcast", DType::U8, 3);
+        let b = r.begin("all_gather", DType::BF16, 8, Partners::default());
+        let c = r.begin("broadcast", DType::U8, 3, Partners::default());
         // b was begun but never handed on (its enqueue failed): it is failed, c is pending.
         assert_eq!(r.take_pending(), Some(c));
         r.finish(a, OpState::Completed);
@@ -370,12 +440,55 @@ mod tests {
     }
 
     #[test]
+    fn a_point_to_point_entry_names_its_peers_by_member_id() {
+        let r = FlightRecorder::new("m/pp/0/device", 4, None);
+        r.set_members(&[3, 7, 11], 7);
+        let partners = Partners {
+            to: vec![2],
+            from: vec![0, 2],
+        };
+        r.begin("batch", DType::F32, 24, partners);
+        r.begin(
+            "send",
+            DType::F32,
+            8,
+            Partners {
+                to: vec![0],
+                from: vec![],
+            },
+        );
+        let rec = r.record();
+        assert_eq!(
+            (rec.ops[0].to.clone(), rec.ops[0].from.clone()),
+            (vec![11], vec![3, 11])
+        );
+        assert!(rec.ops[0].is_point_to_point());
+        assert_eq!(
+            rec.ops[0].call(),
+            "batch(dtype=f32, count=24, to=[11], from=[3, 11])"
+        );
+        assert_eq!(
+            rec.ops[1].describe(),
+            "send(#2, dtype=f32, count=8, to=[3])"
+        );
+        // A collective's entry has no peers, and its JSON no peer fields.
+        r.begin("all_reduce", DType::F32, 8, Partners::default());
+        let last = r.record().ops[2].clone();
+        assert!(!last.is_point_to_point());
+        let json = serde_json::to_string(&last).unwrap();
+        assert!(
+            !json.contains("\"to\"") && !json.contains("\"from\""),
+            "{json}"
+        );
+    }
+
+    #[test]
     fn a_failure_fails_what_is_enqueued_and_writes_the_record_once() {
         let dir = std::env::temp_dir().join(format!("hc-flight-{}", std::process::id()));
         let r = FlightRecorder::new("a/b c", 8, Some(dir.clone()));
         r.set_members(&[0, 1], 1);
-        let a = r.begin("all_reduce", DType::F32, 1);
-        let b = r.begin("all_reduce", DType::F32, 1);
+        let a = r.begin("all_reduce", DType::F32, 1, Partners::default());
+        let b = r.begin("all_reduce", DType::F32, 1, Partners::default());
         r.finish(a, OpState::Completed);
         r.fail("timed out");
         r.fail("later news is not the failure");
@@ -389,7 +502,7 @@ mod tests {
         assert_eq!(back, r.record());
         // With no ring at all, the numbers and the last operations are still kept.
         let bare = FlightRecorder::new("x", 0, None);
-        let s = bare.begin("reduce", DType::I32, 2);
+        let s = bare.begin("reduce", DType::I32, 2, Partners::default());
         bare.finish(s, OpState::Completed);
         let rec = bare.record();
         assert!(rec.ops.is_empty());

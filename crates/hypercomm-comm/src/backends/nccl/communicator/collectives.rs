@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::super::flight::Partners;
 use super::super::gpu::{DeviceBuffer, cuda_err};
 use super::super::raw::{self, Call, Progress};
 use super::{DeviceCommunicator, DeviceWork};
@@ -166,7 +167,7 @@ impl DeviceCommunicator {
         buf: DeviceBuffer<T>,
     ) -> Result<Work<DeviceBuffer<T>>, CommError> {
         let shape = Shape::InPlace(buf.len());
-        self.recorded(op.name(), T::DTYPE, buf.len(), || {
+        self.recorded(op.name(), Partners::of(op), T::DTYPE, buf.len(), || {
             self.one_buffer(buf, |p, _| self.calls(op, shape, T::DTYPE, p, p))
         })
         .map(Work::from)
@@ -184,7 +185,7 @@ impl DeviceCommunicator {
             output: output.len(),
         };
         let count = input.len();
-        self.recorded(op.name(), T::DTYPE, count, || {
+        self.recorded(op.name(), Partners::of(op), T::DTYPE, count, || {
             self.two_buffers(input, output, |s, r| self.calls(op, shape, T::DTYPE, s, r))
         })
         .map(Work::from)
@@ -236,7 +237,7 @@ impl DeviceCommunicator {
             })
             .collect();
         let count = bufs.iter().map(DeviceBuffer::len).sum();
-        self.recorded(op.name(), T::DTYPE, count, || {
+        self.recorded(op.name(), Partners::of(op), T::DTYPE, count, || {
             self.issue(&calls, bufs, Vec::new())
         })
         .map(Work::from)

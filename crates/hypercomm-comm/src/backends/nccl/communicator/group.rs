@@ -122,10 +122,11 @@ impl<R> Deferred<R> {
                     },
                 })
             }
-            Deferral::Taken => Err(CommError::Broken {
-                comm: comm.to_owned(),
-                cause: "the operation's buffers were already taken".into(),
-            }),
+            Deferral::Taken => Err(CommError::broken(
+                comm,
+                "the operation's buffers were already taken",
+                None,
+            )),
         }
     }
 

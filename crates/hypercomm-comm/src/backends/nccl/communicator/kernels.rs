@@ -3,6 +3,7 @@
 
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
+use super::super::flight::Partners;
 use super::super::gpu::{DeviceBuffer, cuda_err};
 use super::super::raw::Call;
 use super::DeviceCommunicator;
@@ -22,9 +23,13 @@ impl DeviceCommunicator {
         view: StridedLayout,
         op: ReduceOp,
     ) -> Result<Work<DeviceBuffer<T>>, CommError> {
-        self.recorded("all_reduce_strided", T::DTYPE, view.len(), || {
-            self.strided(buf, view, op)
-        })
+        self.recorded(
+            "all_reduce_strided",
+            Partners::default(),
+            T::DTYPE,
+            view.len(),
+            || self.strided(buf, view, op),
+        )
     }
 
     /// [`all_reduce_strided`](Self::all_reduce_strided), once numbered.

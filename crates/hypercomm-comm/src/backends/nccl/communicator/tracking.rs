@@ -4,18 +4,19 @@
 //! adds a driver call.
 
 use super::super::events::SharedEvent;
-use super::super::flight::FlightRecord;
+use super::super::flight::{FlightRecord, Partners};
 use super::DeviceCommunicator;
 use crate::CommError;
 use crate::element::DType;
 
 impl DeviceCommunicator {
-    /// Runs `enqueue`, which enqueues one operation (`op` over `count` elements of `dtype`) and makes its handle,
-    /// as the communicator's next numbered operation; when it fails before the handle exists, the operation is
+    /// Runs `enqueue`, which enqueues one operation (`op` over `count` elements of `dtype`, exchanging with
+    /// `partners` when it is point to point) and makes its handle, as the communicator's next numbered operation; when it fails before the handle exists, the operation is
     /// marked failed. On a broken communicator nothing is numbered (the enqueue fails at once).
     pub(super) fn recorded<R>(
         &self,
         op: &'static str,
+        partners: Partners,
         dtype: DType,
         count: usize,
         enqueue: impl FnOnce() -> Result<R, CommError>,
@@ -23,7 +24,7 @@ impl DeviceCommunicator {
         if self.comm.broken().is_some() {
             return enqueue();
         }
-        let seq = self.comm.recorder.begin(op, dtype, count);
+        let seq = self.comm.recorder.begin(op, dtype, count, partners);
         let result = enqueue();
         if result.is_err() {
             self.comm.recorder.abandon(seq);

@@ -108,18 +108,18 @@ impl<R> DeviceWork<R> {
 
     fn fail_if_broken(&self) -> Result<(), CommError> {
         match self.comm.broken() {
-            Some(cause) => Err(CommError::Broken {
-                comm: self.comm.name.clone(),
-                cause,
-            }),
+            Some(cause) => Err(self.comm.broken_error(cause)),
             None => Ok(()),
         }
     }
 
     fn take(&mut self) -> Result<R, CommError> {
-        self.value.take().ok_or_else(|| CommError::Broken {
-            comm: self.comm.name.clone(),
-            cause: "the operation's buffers were already taken".into(),
+        self.value.take().ok_or_else(|| {
+            CommError::broken(
+                &self.comm.name,
+                "the operation's buffers were already taken",
+                None,
+            )
         })
     }
 }
