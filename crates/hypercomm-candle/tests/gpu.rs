@@ -461,7 +461,7 @@ mod on_gpu {
         // joins the second. Rank 0's all-reduce returns at once (stream-ordered), its read to the host blocks
         // until the GPU's watchdog stops the collective past the timeout and gives the undefined values without an
         // error, and its next all-reduce is the error naming rank 1 and the group, all within the timeout plus a
-        // margin.
+        // margin; an all-reduce of a CPU tensor on the group then fails with the same cause.
         if !two_ranks_or_skip("candle cuda never joins") {
             return;
         }
@@ -512,6 +512,18 @@ mod on_gpu {
             eprintln!("candle cuda never joins: the next all_reduce failed after {took:?}: {err}");
             assert!(took < NEVER_TIMEOUT + MARGIN, "{took:?}");
             names_rank_1(&err, &tp, "all_reduce(dtype=f32, count=4)");
+            // Every communicator of the collection stopped with it: a CPU tensor, through the group's host half,
+            // fails at once with the same cause.
+            let host = tp
+                .all_reduce(&sample(rank, &[4], DType::F32), ReduceOp::Sum)
+                .expect_err("the host half is stopped too");
+            assert!(
+                matches!(&host, Error::Comm { group, .. } if group == tp.name())
+                    && host
+                        .to_string()
+                        .contains("rank(s) [1] did not respond within"),
+                "{host}"
+            );
         });
     }
 
