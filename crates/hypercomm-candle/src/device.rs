@@ -24,7 +24,20 @@
 //! communicator of the collection, candle's stream (ordered after the collective) goes on with undefined data in
 //! that result, and the next collective, sync or host operation on any group fails with the recorded cause,
 //! naming the rank behind where the ranks' progress shows one. Reading a tensor back to the host (`to_vec1`, a
-//! loss value) blocks at most that long.
+//! loss value) blocks at most that long (the timeout, then the ranks' comparison of their progress) and is no
+//! error: it returns the undefined values. So when a peer never joins an all-reduce (past the group's first
+//! collective, which connects the peers: that one's enqueue waits for every rank, and is itself the timeout),
+//! the all-reduce returns its tensor at once, a read of it returns after the timeout, and the group's next
+//! collective is the [`Error::Comm`] whose [`CommError::Broken`] carries the timeout, naming the rank
+//! (`rank(s) [1] did not respond within ..`); the collection's failure domain holds it as the root cause
+//! (`FailureDomain::root_cause`, ranks by their world ranks). `crates/hypercomm-candle/tests/gpu.rs` checks this
+//! for a tensor all-reduce and for [`GradSync`](crate::GradSync).
+//!
+//! A failure inside the op comes back as this crate's [`Error`] (typed: [`Error::Comm`] for the communicator's),
+//! not as candle's text of it: candle passes a custom op's error out only as text, so the op keeps the error
+//! for [`collective`] to return.
+
+use std::sync::{Mutex, PoisonError};
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
@@ -45,6 +58,8 @@ struct DeviceCollective {
     kind: Kind,
     /// The result's shape.
     shape: Shape,
+    /// Where a failed forward leaves its error: candle passes errors out of a custom op only as text.
+    failure: Mutex<Option<Error>>,
 }
 
 /// Runs `kind` on the CUDA tensor `t` (any layout: it is made contiguous first) and returns the result with
@@ -60,8 +75,16 @@ pub(crate) fn collective(
         group: group.clone(),
         kind,
         shape,
+        failure: Mutex::new(None),
     };
-    Ok(t.contiguous()?.apply_op1_no_bwd(&op)?)
+    t.contiguous()?.apply_op1_no_bwd(&op).map_err(|e| {
+        // The forward's own error, typed, rather than candle's text of it.
+        op.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .unwrap_or(Error::Candle(e))
+    })
 }
 
 /// An element type that candle's CUDA storage and a hypercomm device buffer share.
@@ -133,9 +156,14 @@ impl CustomOp1 for DeviceCollective {
         storage: &CudaStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        cuda_fwd(&self.group, self.kind, storage, layout)
-            .map(|s| (s, self.shape.clone()))
-            .map_err(Error::into_candle)
+        match cuda_fwd(&self.group, self.kind, storage, layout) {
+            Ok(s) => Ok((s, self.shape.clone())),
+            Err(e) => {
+                let text = candle_core::Error::msg(&e);
+                *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                Err(text)
+            }
+        }
     }
 }
 
