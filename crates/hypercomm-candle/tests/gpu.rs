@@ -440,6 +440,8 @@ mod on_gpu {
                 && text.contains("rank(s) [1] did not respond within"),
             "{text}"
         );
+        // The structured blame, not only the text: the broken communicator's error carries the root cause.
+        assert_eq!(source.lost_ranks(), [1], "{err}");
         let cause = group
             .comm()
             .expect("comm")
