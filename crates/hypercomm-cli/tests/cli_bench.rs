@@ -1,22 +1,12 @@
 //! `hypercomm bench` end to end: the host table and JSON, usage errors, and the nccl backend (which runs where a
 //! GPU is and otherwise says what is missing).
 
-mod scratch_support;
+mod cli_support;
 
-use std::process::{Command, Output};
+use std::process::Command;
 
-use scratch_support::Scratch;
-
-fn hypercomm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hypercomm"))
-        .args(args)
-        .output()
-        .expect("the hypercomm binary runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use cli_support::scratch::Scratch;
+use cli_support::{hypercomm, text};
 
 /// A fresh scratch directory for one test, removed when the test ends.
 fn scratch(test: &str) -> Scratch {

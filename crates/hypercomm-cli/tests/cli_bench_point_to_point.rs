@@ -1,26 +1,12 @@
 //! `hypercomm bench --op sendrecv` and `--op all_to_all_v` end to end: ranks as threads and as processes on the
 //! host, two ranks on two devices of the fake driver, and the ring's rank count refused.
 
-mod scratch_support;
+mod cli_support;
 
-use std::process::{Command, Output};
+use std::process::Command;
 
-use scratch_support::Scratch;
-
-fn hypercomm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hypercomm"))
-        .args(args)
-        .output()
-        .expect("the hypercomm binary runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn json(path: &std::path::Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
+use cli_support::scratch::Scratch;
+use cli_support::{hypercomm, json_file as json, text};
 
 /// Every result row is `op` on 2 ranks at `bytes`, with busbw `factor` times algbw.
 fn check_rows(doc: &serde_json::Value, op: &str, bytes: &[u64], factor: f64) {

@@ -1,17 +1,9 @@
 //! `hypercomm bench --refit` end to end: both methods' rows, their ratio, the JSON, and a bad layout refused.
 
-mod scratch_support;
+mod cli_support;
 
-use std::process::{Command, Output};
-
-use scratch_support::Scratch;
-
-fn hypercomm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hypercomm"))
-        .args(args)
-        .output()
-        .expect("the hypercomm binary runs")
-}
+use cli_support::hypercomm;
+use cli_support::scratch::Scratch;
 
 #[test]
 fn refit_bench_measures_the_plan_against_gather_and_broadcast() {

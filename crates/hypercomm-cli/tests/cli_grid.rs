@@ -1,13 +1,8 @@
 //! The `hypercomm grid` contract: exact JSON shape, key order, and exit status 2 on bad input.
 
-use std::process::Command;
+mod cli_support;
 
-fn hypercomm(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_hypercomm"))
-        .args(args)
-        .output()
-        .expect("run hypercomm")
-}
+use cli_support::hypercomm;
 
 #[test]
 fn grid_json_matches_the_contract() {

@@ -1,26 +1,10 @@
 //! The `hypercomm layout` contract: fields named as Megatron's ProcessGroupCollection, absent kinds omitted,
 //! `--rank` consistent with the full listing, exit status 2 on bad input.
 
-use std::process::Command;
+mod cli_support;
 
+use cli_support::{hypercomm, json_output as json};
 use serde_json::Value;
-
-fn hypercomm(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_hypercomm"))
-        .args(args)
-        .output()
-        .expect("run hypercomm")
-}
-
-fn json(args: &[&str]) -> Value {
-    let out = hypercomm(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 const ALL_FIELDS: [&str; 22] = [
     "tp",

@@ -1,34 +1,16 @@
 //! The `hypercomm plan` and `hypercomm layout --render` contracts: rankings on the shipped example clusters,
 //! traffic overrides that change the winner, pictures that are real SVG and PNG files, exit status 2 on bad input.
 
-mod scratch_support;
+mod cli_support;
 
 use std::path::PathBuf;
-use std::process::Command;
 
-use scratch_support::Scratch;
-use serde_json::Value;
-
-fn hypercomm(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_hypercomm"))
-        .args(args)
-        .output()
-        .expect("run hypercomm")
-}
+use cli_support::scratch::Scratch;
+use cli_support::{hypercomm, json_output as json};
 
 fn example(name: &str) -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/clusters");
     root.join(name).to_string_lossy().into_owned()
-}
-
-fn json(args: &[&str]) -> Value {
-    let out = hypercomm(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// Fails with exit status 2 and one line of error that contains `needle`.

@@ -1,29 +1,11 @@
 //! The `hypercomm plan --refit` contract: an RL trainer's layout refitting inference replicas, bytes per link and
 //! per rank that add up, forwarding on and off, a sharding file in and a plan file out, exit status 2 on bad input.
 
-mod scratch_support;
+mod cli_support;
 
-use std::process::Command;
-
-use scratch_support::Scratch;
+use cli_support::scratch::Scratch;
+use cli_support::{hypercomm, json_output as json};
 use serde_json::Value;
-
-fn hypercomm(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_hypercomm"))
-        .args(args)
-        .output()
-        .expect("run hypercomm")
-}
-
-fn json(args: &[&str]) -> Value {
-    let out = hypercomm(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 /// Fails with exit status 2 and one line of error that contains `needle`.
 fn usage_error(args: &[&str], needle: &str) {
