@@ -228,3 +228,61 @@ fn a_dropped_connection_fails_sends_and_receives_under_way() {
     assert!(err.contains("rank 1"), "{err}");
     assert!(took < Duration::from_secs(15), "took {took:?}: {err}");
 }
+
+#[test]
+fn a_ring_of_ranks_each_waiting_to_receive_before_it_sends_is_one_cycle_on_every_rank() {
+    // Each rank waits for its receive from the previous rank before it sends to the next: nobody sends, every
+    // rank times out waiting for a different peer. Every rank reports the same cycle, naming all four, and
+    // nobody as lost.
+    for tcp in [false, true] {
+        let opts = hypercomm::comm::CommOptions {
+            timeout: Duration::from_secs(2),
+            ..options("recv-ring", tcp)
+        };
+        let results = on_threads(4, opts, move |comm| {
+            let me = comm.rank();
+            let (next, prev) = ((me + 1) % 4, (me + 3) % 4);
+            let started = std::time::Instant::now();
+            let err = comm
+                .recv(vec![0u32; 8], prev, 0)
+                .and_then(|w| w.wait())
+                .expect_err("nobody sends");
+            let took = started.elapsed();
+            // Never reached: the send that would have fed the next rank.
+            drop(comm.send(vec![1u32; 8], next, 0));
+            let cause = err
+                .root_cause()
+                .cloned()
+                .unwrap_or_else(|| panic!("tcp {tcp}: rank {me}: no root cause: {err}"));
+            (
+                err.lost_ranks().to_vec(),
+                err.culprits().to_vec(),
+                cause,
+                took,
+            )
+        });
+        for (rank, (lost, culprits, cause, took)) in results.iter().enumerate() {
+            assert!(lost.is_empty(), "tcp {tcp}: rank {rank} lost {lost:?}");
+            assert_eq!(culprits, &[0, 1, 2, 3], "tcp {tcp}: rank {rank}: {cause}");
+            assert_eq!(
+                cause.fault,
+                hypercomm::comm::Fault::Deadlocked,
+                "tcp {tcp}: {cause}"
+            );
+            assert!(
+                cause.detail.starts_with("a cycle of waits on recv-ring")
+                    && cause.detail.contains("rank 0 (in ")
+                    && cause.detail.contains("waits for rank 3"),
+                "tcp {tcp}: {cause}"
+            );
+            assert_eq!(
+                cause.detail, results[0].2.detail,
+                "tcp {tcp}: every rank tells it alike"
+            );
+            assert!(
+                *took < Duration::from_secs(7),
+                "tcp {tcp}: rank {rank} took {took:?}"
+            );
+        }
+    }
+}

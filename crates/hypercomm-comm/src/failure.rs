@@ -40,6 +40,8 @@ use hypercomm_store::{Key, Store};
 use crate::CommError;
 use crate::error::{Call, Fault, RootCause};
 
+mod cycle;
+
 /// How long a failing rank waits for its failure record to reach the store before going on anyway.
 pub(crate) const PUBLISH_WAIT: Duration = Duration::from_millis(500);
 
@@ -48,6 +50,10 @@ pub(crate) const FETCH_WAIT: Duration = Duration::from_millis(1500);
 
 /// How long a rank that saw peers vanish waits, in all, for their failure records (written before they exited).
 pub(crate) const MESSENGER_WAIT: Duration = Duration::from_millis(1000);
+
+/// How long a rank that timed out, waiting for a rank that was stuck too, reads the records along the chain of
+/// waits for a cycle: the records of a cycle are there by then, so this bounds only the walk that finds no cycle.
+pub(crate) const CYCLE_WAIT: Duration = Duration::from_millis(250);
 
 /// How long a rank that timed out waits for the records of the ranks it was waiting for: they time out on their
 /// own failure at about the same moment, give or take the skew between the ranks' waits.
@@ -244,8 +250,10 @@ impl FailureDomain {
                 .max(Duration::from_millis(20));
             match self.read(r, left) {
                 // A record that blames this (live) rank is the other end of a broken link between the two: it
-                // explains nothing here.
-                Some(Record::Final(c) | Record::Provisional(c)) if c.ranks.contains(&self.me) => {
+                // explains nothing here. A cycle of waits that this rank is on blames it along with the others.
+                Some(Record::Final(c) | Record::Provisional(c))
+                    if c.ranks.contains(&self.me) && c.fault != Fault::Deadlocked =>
+                {
                     direct.push(r)
                 }
                 Some(Record::Final(c)) => return Resolution::Recorded(r, c),
@@ -296,6 +304,25 @@ impl FailureDomain {
         }
     }
 
+    /// The cycle of waits this rank is on, stuck as `mine` says, in a communicator of `size` ranks, when the
+    /// ranks' provisional records show one (`cycle`). Its records are all there by now (each rank on a cycle
+    /// records its wait as it times out, and this rank has already read two of them), so the walk reads for
+    /// [`CYCLE_WAIT`] at most.
+    fn cycle(&self, mine: RootCause, size: usize) -> Option<RootCause> {
+        let deadline = Instant::now() + CYCLE_WAIT;
+        cycle::find(
+            self.me,
+            &mine,
+            |r| {
+                let left = deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(20));
+                self.read(r, left)
+            },
+            size,
+        )
+    }
+
     /// Turns `error` (ranks already member ids) into what this rank reports: the root cause as the peers'
     /// records tell it. Records this rank's own finding for the others; a fatal error also aborts every other
     /// communicator of the domain (the caller aborts the failing one).
@@ -341,7 +368,18 @@ impl FailureDomain {
                     Fault::Missing,
                     during.clone(),
                 )));
-                let (cause, recorded) = match self.resolve(&missing, stuck_wait(cx.timeout)) {
+                let resolution = match self.resolve(&missing, stuck_wait(cx.timeout)) {
+                    // The rank waited for was stuck too: perhaps every rank of a cycle waits for the next.
+                    Resolution::Recorded(by, c) if c.fault == Fault::Missing => {
+                        let mine = own(missing.clone(), Fault::Missing, during.clone());
+                        match self.cycle(mine, members.len()) {
+                            Some(cycle) => Resolution::Recorded(by, cycle),
+                            None => Resolution::Recorded(by, c),
+                        }
+                    }
+                    other => other,
+                };
+                let (cause, recorded) = match resolution {
                     Resolution::Recorded(_, c) => (Some(Box::new(c.clone())), c),
                     Resolution::Direct(d) if d != missing => {
                         let c = own(d, Fault::Missing, during.clone());
