@@ -44,16 +44,24 @@ pub(crate) struct Part<'a> {
     pub payload: Payload<'a>,
 }
 
+/// How far one message of an exchange has come. A message that has not started is the default: nothing moved,
+/// not complete, stage 0.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MessageProgress {
+    /// How far the message has come, in the transport's own unit (mailbox pieces, bytes written).
+    pub moved: usize,
+    /// Whether the message is complete.
+    pub done: bool,
+    /// The transport's own note of where the message stands (how shared memory tells a message it hands over by
+    /// address from one it streams).
+    pub stage: u8,
+}
+
 /// How far the messages of an exchange have come, kept between the steps of
 /// [`Backend::p2p_step`] so that an exchange can stop, take more messages and go on.
 pub(crate) struct Progress {
-    /// Per message, how far it has come, in the transport's own unit (mailbox pieces, bytes written).
-    pub moved: Vec<usize>,
-    /// Per message, whether it is complete.
-    pub done: Vec<bool>,
-    /// Per message, the transport's own note of where it stands (how shared memory tells a message it hands over
-    /// by address from one it streams).
-    pub stage: Vec<u8>,
+    /// One entry per message, in the exchange's order.
+    pub messages: Vec<MessageProgress>,
     /// Since when the exchange has waited without moving anything: its timeout runs from here.
     pub stalled_since: Option<Instant>,
 }
@@ -62,41 +70,33 @@ impl Progress {
     /// The progress of `n` messages that have not started.
     pub(crate) fn new(n: usize) -> Progress {
         Progress {
-            moved: vec![0; n],
-            done: vec![false; n],
-            stage: vec![0; n],
+            messages: vec![MessageProgress::default(); n],
             stalled_since: None,
         }
     }
 
     /// Makes room for messages appended to the exchange, up to `n` in all.
     pub(crate) fn grow(&mut self, n: usize) {
-        self.moved.resize(n.max(self.moved.len()), 0);
-        self.done.resize(n.max(self.done.len()), false);
-        self.stage.resize(n.max(self.stage.len()), 0);
+        if n > self.messages.len() {
+            self.messages.resize(n, MessageProgress::default());
+        }
     }
 
     /// Appends the progress of the messages of another exchange, issued after this one's.
     pub(crate) fn append(&mut self, other: Progress) {
-        self.moved.extend(other.moved);
-        self.done.extend(other.done);
-        self.stage.extend(other.stage);
+        self.messages.extend(other.messages);
     }
 
-    /// Keeps the messages `keep` marks (the others left the exchange), in their order.
+    /// Keeps the messages `keep` marks (the others left the exchange), in their order; messages past the end of
+    /// `keep` stay.
     pub(crate) fn retain(&mut self, keep: &[bool]) {
-        fn marked<T>(v: &mut Vec<T>, keep: &[bool]) {
-            let mut keep = keep.iter();
-            v.retain(|_| keep.next().copied().unwrap_or(true));
-        }
-        marked(&mut self.moved, keep);
-        marked(&mut self.done, keep);
-        marked(&mut self.stage, keep);
+        let mut keep = keep.iter().copied();
+        self.messages.retain(|_| keep.next().unwrap_or(true));
     }
 
     /// Whether every message is complete.
     pub(crate) fn finished(&self) -> bool {
-        self.done.iter().all(|&d| d)
+        self.messages.iter().all(|m| m.done)
     }
 
     /// Notes that the exchange moved something: a later wait's timeout starts afresh.

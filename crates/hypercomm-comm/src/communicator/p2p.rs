@@ -160,12 +160,14 @@ impl Exchange {
     /// Finishes the operations whose parts have all completed and drops them from the exchange; says whether job
     /// `until` was among them.
     fn finish_completed(&mut self, until: Option<u64>) -> bool {
-        let mut keep = Vec::with_capacity(self.progress.done.len());
+        let mut keep = Vec::with_capacity(self.progress.messages.len());
         let mut at = 0;
         let mut waited_done = false;
         let mut left = Vec::with_capacity(self.ops.len());
         for (id, parts, op) in self.ops.drain(..) {
-            let complete = self.progress.done[at..at + parts].iter().all(|&d| d);
+            let complete = self.progress.messages[at..at + parts]
+                .iter()
+                .all(|m| m.done);
             at += parts;
             keep.extend(std::iter::repeat_n(!complete, parts));
             if complete {

@@ -22,7 +22,7 @@ use super::segment::PREFIX;
 use super::shm::ShmTransport;
 use super::transport::Message;
 use crate::CommError;
-use crate::backend::{Payload, Progress};
+use crate::backend::{MessageProgress, Payload, Progress};
 
 /// Messages of at least this many bytes go by address where they can. Streamed, a message costs two copies of
 /// every byte and a hand-over per mailbox piece; by address, one system call and one copy: from about 16 KiB up
@@ -36,7 +36,7 @@ const READ: u64 = u64::MAX - 1;
 /// The receiver's answer to a [`BY_ADDRESS`] piece: it may not read the sender's memory; stream it.
 const REFUSED: u64 = u64::MAX - 2;
 
-/// A message's [`Progress::stage`]: streamed piece by piece (a receive always starts here).
+/// A message's [`MessageProgress::stage`]: streamed piece by piece (a receive always starts here).
 const STREAMED: u8 = 0;
 /// A send whose record is in the mailbox, waiting for the receiver's answer.
 const OFFERED: u8 = 1;
@@ -55,9 +55,10 @@ fn pieces(m: &Message<'_>, cap: usize) -> usize {
 
 /// Whether message `i` may move now: it is unfinished, and no earlier message with its peer and direction is (those
 /// go first, so their pieces never interleave).
-fn is_active(messages: &[Message<'_>], done: &[bool], i: usize) -> bool {
+fn is_active(messages: &[Message<'_>], progress: &[MessageProgress], i: usize) -> bool {
     let lane = |m: &Message<'_>| (m.peer, matches!(m.payload, Payload::In(_)));
-    !done[i] && !(0..i).any(|j| lane(&messages[j]) == lane(&messages[i]) && !done[j])
+    !progress[i].done
+        && !(0..i).any(|j| lane(&messages[j]) == lane(&messages[i]) && !progress[j].done)
 }
 
 /// What an exchange waits for, for errors: each active message's header and peer.
@@ -76,7 +77,8 @@ fn describe(active: impl Iterator<Item = usize>, messages: &[Message<'_>]) -> St
 
 impl ShmTransport {
     /// [`Transport::exchange_some`](super::transport::Transport::exchange_some) over shared memory;
-    /// `progress.moved` counts streamed pieces, `progress.stage` tells a streamed message from an offered one.
+    /// a message's [`MessageProgress::moved`] counts streamed pieces, its [`MessageProgress::stage`] tells a streamed
+    /// message from an offered one.
     pub(super) fn exchange_step(
         &mut self,
         messages: &mut [Message<'_>],
@@ -88,14 +90,15 @@ impl ShmTransport {
         loop {
             let mut progressed = false;
             for i in 0..messages.len() {
-                if !is_active(messages, &progress.done, i) {
+                if !is_active(messages, &progress.messages, i) {
                     continue;
                 }
-                while !progress.done[i] && self.can_move(&messages[i]) {
-                    self.step(&mut messages[i], progress, i)?;
+                let state = &mut progress.messages[i];
+                while !state.done && self.can_move(&messages[i]) {
+                    self.step(&mut messages[i], state)?;
                     progressed = true;
                 }
-                finished_here |= progress.done[i];
+                finished_here |= state.done;
             }
             if progressed {
                 progress.moved_now();
@@ -110,8 +113,8 @@ impl ShmTransport {
                 return Ok(false);
             }
             let since = progress.stalled();
-            let done = &progress.done;
-            let active = || (0..messages.len()).filter(|&i| is_active(messages, done, i));
+            let states = &progress.messages;
+            let active = || (0..messages.len()).filter(|&i| is_active(messages, states, i));
             self.wait_since(
                 since,
                 &|| describe(active(), messages),
@@ -121,31 +124,31 @@ impl ShmTransport {
         }
     }
 
-    /// Moves message `i` (`m`) one step, its mailbox being ready ([`can_move`](Self::can_move)): a piece in or out,
-    /// an offer of the whole message by address, or the answer to one.
+    /// Moves message `m`, which has come as far as `progress` says, one step, its mailbox being ready
+    /// ([`can_move`](Self::can_move)): a piece in or out, an offer of the whole message by address, or the answer
+    /// to one.
     fn step(
         &mut self,
         m: &mut Message<'_>,
-        progress: &mut Progress,
-        i: usize,
+        progress: &mut MessageProgress,
     ) -> Result<(), CommError> {
         let cap = self.seg.mailbox;
         let (me, peer) = (self.rank, m.peer);
-        match (&mut m.payload, progress.stage[i]) {
+        match (&mut m.payload, progress.stage) {
             (Payload::Out(_), OFFERED) => {
                 // The receiver has answered: the length field holds READ or REFUSED.
                 let (_, answer) = self.read_prefix(self.seg.mailbox(me, peer), peer)?;
                 if answer as u64 == READ {
-                    progress.moved[i] = pieces(m, cap);
-                    progress.done[i] = true;
+                    progress.moved = pieces(m, cap);
+                    progress.done = true;
                 } else {
                     self.streams_to[peer] = true;
-                    progress.stage[i] = STREAMED;
+                    progress.stage = STREAMED;
                 }
                 return Ok(());
             }
             (Payload::Out(data), _)
-                if progress.moved[i] == 0
+                if progress.moved == 0
                     && data.len() >= BY_ADDRESS_BYTES
                     && !self.streams_to[peer] =>
             {
@@ -157,10 +160,10 @@ impl ShmTransport {
                 unsafe {
                     std::ptr::copy_nonoverlapping(record.as_ptr(), dst.add(PREFIX), RECORD_BYTES)
                 };
-                progress.stage[i] = OFFERED;
+                progress.stage = OFFERED;
             }
             (Payload::Out(data), _) => {
-                let at = progress.moved[i] * cap;
+                let at = progress.moved * cap;
                 let end = (at + cap).min(data.len());
                 let bytes = &data[at.min(data.len())..end];
                 let dst = self.seg.mailbox(me, peer);
@@ -170,8 +173,8 @@ impl ShmTransport {
                 unsafe {
                     std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.add(PREFIX), bytes.len())
                 };
-                progress.moved[i] += 1;
-                progress.done[i] = progress.moved[i] == pieces(m, cap);
+                progress.moved += 1;
+                progress.done = progress.moved == pieces(m, cap);
             }
             (Payload::In(data), _) => {
                 let src = self.seg.mailbox(peer, me);
@@ -183,14 +186,14 @@ impl ShmTransport {
                     let answer = self.read_offered(src, peer, data)?;
                     Self::write_prefix_raw(src, &m.header, answer);
                     if answer == READ {
-                        progress.moved[i] = pieces(m, cap);
-                        progress.done[i] = true;
+                        progress.moved = pieces(m, cap);
+                        progress.done = true;
                     }
                     self.seg.mail_ctl(peer, me).taken.fetch_add(1, SeqCst);
                     self.ring();
                     return Ok(());
                 }
-                let at = progress.moved[i] * cap;
+                let at = progress.moved * cap;
                 let start = at.min(data.len());
                 let end = (at + cap).min(data.len());
                 if len != end - start {
@@ -212,8 +215,8 @@ impl ShmTransport {
                     )
                 };
                 self.seg.mail_ctl(peer, me).taken.fetch_add(1, SeqCst);
-                progress.moved[i] += 1;
-                progress.done[i] = progress.moved[i] == pieces(m, cap);
+                progress.moved += 1;
+                progress.done = progress.moved == pieces(m, cap);
                 self.ring();
                 return Ok(());
             }

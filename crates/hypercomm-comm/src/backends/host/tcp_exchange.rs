@@ -100,8 +100,9 @@ fn write_queue(
 }
 
 impl TcpTransport {
-    /// [`Transport::exchange_some`](super::transport::Transport::exchange_some) over TCP; `progress.moved`
-    /// counts the bytes of each send's frame written (receives go from 0 to 1).
+    /// [`Transport::exchange_some`](super::transport::Transport::exchange_some) over TCP; a message's
+    /// [`moved`](crate::backend::MessageProgress::moved) counts the bytes of a send's frame written (a receive's
+    /// goes from 0 to 1).
     pub(super) fn exchange_step(
         &mut self,
         messages: &mut [Message<'_>],
@@ -113,7 +114,7 @@ impl TcpTransport {
         let mut sends: Vec<(usize, Vec<Outgoing<'_>>)> = Vec::new();
         let mut recvs: Vec<usize> = Vec::new();
         for (index, m) in messages.iter().enumerate() {
-            if progress.done[index] {
+            if progress.messages[index].done {
                 continue;
             }
             match &m.payload {
@@ -122,7 +123,7 @@ impl TcpTransport {
                         index,
                         head: frame_head(KIND_P2P, &m.header, data.len()),
                         data,
-                        written: progress.moved[index],
+                        written: progress.messages[index].moved,
                     };
                     match sends.iter_mut().find(|(p, _)| *p == m.peer) {
                         Some((_, queue)) => queue.push(out),
@@ -166,9 +167,10 @@ impl TcpTransport {
         }
         for (_, queue) in &sends {
             for out in queue {
-                progress.moved[out.index] = out.written;
+                let state = &mut progress.messages[out.index];
+                state.moved = out.written;
                 if out.written == out.len() {
-                    progress.done[out.index] = true;
+                    state.done = true;
                 }
             }
         }
@@ -262,7 +264,7 @@ impl TcpTransport {
         // when it is joined).
         let heard = |news: Written, progress: &mut Progress, ended: &mut usize| match news {
             Written::Message(i) => {
-                progress.done[i] = true;
+                progress.messages[i].done = true;
                 Ok(true)
             }
             Written::Ended(failed) => {
@@ -307,8 +309,9 @@ impl TcpTransport {
                 };
                 let header = m.header;
                 self.receive(m.peer, &header, data)?;
-                progress.moved[i] = 1;
-                progress.done[i] = true;
+                let state = &mut progress.messages[i];
+                state.moved = 1;
+                state.done = true;
                 recvs.retain(|&j| j != i);
                 moved = true;
             }
