@@ -16,12 +16,15 @@
 //! - Twin communicators overlapping on their own streams ([`twins_overlap_in_opposite_orders`]), and a rank that
 //!   never joins the NCCL flavor ([`a_rank_that_never_joins_the_device`]).
 //! - Groups of operations issued as one NCCL group, and what a group refuses ([`groups`]).
+//! - What the GPU's watchdog ends and names: a rank that never calls, a rank that calls another collective, a
+//!   ring that sends before it receives ([`watchdog`]).
 //! - The small steps every device test repeats ([`done`], [`all_reduced`], [`refused`], [`on_device`]).
 
 #![allow(dead_code)]
 
 pub mod groups;
 pub mod pre_mul_sum;
+pub mod watchdog;
 
 use std::fmt::{Debug, Display};
 use std::sync::{Arc, Barrier};

@@ -5,16 +5,17 @@
 //! asynchronous error on one communicator of a collection (every communicator of both ranks stopped), an abort
 //! from another thread while a call is inside NCCL (revoked, not freed under it); each leaves flight records.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use hypercomm_comm::device::{FLIGHT_RECORDER_DIR_ENV, FlightRecord, Gpu, OpState};
+use hypercomm_comm::device::{FLIGHT_RECORDER_DIR_ENV, Gpu, OpState};
 use hypercomm_comm::{CommError, CommOptions, Communicator, NcclOptions, P2p, ReduceOp};
 use hypercomm_store::{MemoryStore, Store};
 
 use crate::device_checks;
+use crate::device_checks::watchdog::{self, connected, eventually, written_record};
 use crate::fake_support::{nccl, ranks, runtime};
 use crate::options;
 
@@ -234,126 +235,17 @@ fn flight_dir(test: &str) -> PathBuf {
     dir
 }
 
-/// The flight record of communicator `comm` at member `rank` written in `dir`.
-fn written_record(dir: &Path, comm: &str, rank: usize) -> FlightRecord {
-    let path = dir.join(format!("{}.rank{rank}.json", comm.replace('/', "_")));
-    let bytes = std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("no flight record at {}: {e}", path.display()));
-    serde_json::from_slice(&bytes).unwrap()
-}
-
-/// Waits up to `limit` for `ready`; whether it came.
-fn eventually(limit: Duration, ready: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while !ready() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    true
-}
-
 const WATCHED_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Rank `rank` of a three-rank communicator `name` with the watched timeout and flight records in `dir`, after a
-/// first all-reduce that connects the ranks.
-fn three_connected(
-    gpu: &Arc<Gpu>,
-    store: Arc<dyn Store>,
-    rank: usize,
-    name: &str,
-    dir: &Path,
-) -> Communicator {
-    connected(3, gpu, store, rank, name, dir)
-}
-
-/// Rank `rank` of an `n`-rank communicator `name` with the watched timeout and flight records in `dir`, after a
-/// first all-reduce that connects the ranks.
-fn connected(
-    n: usize,
-    gpu: &Arc<Gpu>,
-    store: Arc<dyn Store>,
-    rank: usize,
-    name: &str,
-    dir: &Path,
-) -> Communicator {
-    let comm = Communicator::with_gpu(
-        Arc::clone(gpu),
-        store,
-        (0..n).collect(),
-        rank,
-        CommOptions {
-            timeout: WATCHED_TIMEOUT,
-            flight_recorder_dir: Some(dir.to_path_buf()),
-            ..CommOptions::named(name)
-        },
-    )
-    .unwrap();
-    let first = comm
-        .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
-        .unwrap();
-    assert_eq!(first.wait().unwrap().download().unwrap(), [n as f32]);
-    comm
-}
 
 #[test]
 #[ignore = "run under fake-gpu by suite_the_watchdog_stops_what_would_hang"]
 fn fake_a_rank_that_never_calls_is_named_while_the_others_only_order_their_streams() {
-    // Three ranks connect with a first all-reduce; rank 2 never makes the second. Ranks 0 and 1 only order their
-    // streams after it (wait_on) and copy the result to the host, which blocks behind the collective: only the
-    // watchdog can end that. It does, past the timeout, naming rank 2 (it left no progress record) in the group.
+    // Three ranks connect with a first all-reduce; rank 2 never makes the second (see the check).
     let dir = flight_dir("never-calls");
     let finished = AtomicUsize::new(0);
     ranks(3, |rank, gpu, store| {
-        let comm = three_connected(&gpu, store, rank, "behind", &dir);
-        if rank == 2 {
-            // Alive, but busy elsewhere until the others are done.
-            eventually(Duration::from_secs(60), || {
-                finished.load(Ordering::Acquire) == 2
-            });
-            return;
-        }
-        let started = Instant::now();
-        let buf = comm
-            .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
-            .unwrap()
-            .wait_on(nccl(&comm).stream())
-            .unwrap();
-        // Blocks until the collective ends: on a GPU its output is undefined once the communicator is stopped.
-        let _ = buf.download();
-        let later = comm
-            .all_reduce(gpu.upload(&[1.0f32]).unwrap(), ReduceOp::Sum)
-            .and_then(|w| w.wait())
-            .expect_err("the communicator is stopped");
-        let took = started.elapsed();
-        finished.fetch_add(1, Ordering::Release);
-        eprintln!("watchdog-case: never-calls: rank {rank} failed after {took:?}: {later}");
-        assert!(took < WATCHED_TIMEOUT + Duration::from_secs(5), "{took:?}");
-        let text = later.to_string();
-        assert!(text.contains("behind/device"), "{text}");
-        assert!(text.contains("rank(s) [2]"), "{text}");
-        let cause = comm
-            .failure_domain()
-            .root_cause()
-            .expect("a recorded cause");
-        assert_eq!(cause.ranks, [2], "{cause}");
-        assert_eq!(cause.comm, "behind/device");
-        assert!(cause.detail.contains("op #2 all_reduce"), "{cause}");
-        // Both flavors are stopped, and the flight record says which operation timed out.
-        assert!(comm.broken().is_some() && nccl(&comm).broken().is_some());
-        let record = written_record(&dir, "behind/device", rank);
-        assert_eq!(record, nccl(&comm).flight_record());
-        let states: Vec<(u64, OpState)> = record.ops.iter().map(|e| (e.seq, e.state)).collect();
-        assert_eq!(
-            states[..2],
-            [(1, OpState::Completed), (2, OpState::TimedOut)]
-        );
-        assert!(record.failure.unwrap().contains("rank(s) [2]"));
-        assert!(
-            eventually(Duration::from_secs(2), || gpu.watched_operations() == 0),
-            "the watchdog let go of the stopped communicator's operations within a tick or so"
-        );
+        let comm = connected(3, &gpu, store, rank, "behind", WATCHED_TIMEOUT, &dir);
+        watchdog::a_rank_that_never_calls(&comm, &gpu, 2, &finished, WATCHED_TIMEOUT, &dir);
     });
 }
 
@@ -482,103 +374,23 @@ fn fake_an_abort_beside_a_call_inside_nccl_revokes_instead_of_freeing() {
 fn fake_a_rank_that_calls_another_collective_is_named_as_the_disagreement() {
     // With FAKE_NCCL_MISMATCH_HANGS=1 the fake does what NCCL's kernels would with ranks that called different
     // collectives: nothing, until the communicator is stopped. At op #2 rank 2 calls all_gather where ranks 0 and 1
-    // call reduce_scatter; past the timeout every rank reports the disagreement: the operation, its number and the
-    // ranks on each side, as the ranks' progress records show it.
+    // call reduce_scatter (see the check).
     let dir = flight_dir("disagreement");
     ranks(3, |rank, gpu, store| {
-        let comm = three_connected(&gpu, store, rank, "disagree", &dir);
-        let started = Instant::now();
-        let second = if rank == 2 {
-            comm.all_gather_into(
-                gpu.upload(&[1.0f32]).unwrap(),
-                gpu.alloc_zeros::<f32>(3).unwrap(),
-            )
-        } else {
-            comm.reduce_scatter_into(
-                gpu.upload(&[1.0f32; 3]).unwrap(),
-                gpu.alloc_zeros::<f32>(1).unwrap(),
-                ReduceOp::Sum,
-            )
-        };
-        let e = second
-            .and_then(|w| w.wait())
-            .expect_err("the ranks called different collectives");
-        let took = started.elapsed();
-        eprintln!("watchdog-case: disagreement: rank {rank} failed after {took:?}: {e}");
-        assert!(took < WATCHED_TIMEOUT + Duration::from_secs(5), "{took:?}");
-        let cause = comm
-            .failure_domain()
-            .root_cause()
-            .expect("a recorded cause");
-        let detail = cause.detail.clone();
-        assert!(detail.contains("op #2"), "rank {rank}: {cause}");
-        assert!(
-            detail.contains("rank(s) [2] called all_gather")
-                && detail.contains("rank(s) [0, 1] called reduce_scatter"),
-            "rank {rank}: {cause}"
-        );
-        assert!(
-            written_record(&dir, "disagree/device", rank)
-                .failure
-                .is_some()
-        );
+        let comm = connected(3, &gpu, store, rank, "disagree", WATCHED_TIMEOUT, &dir);
+        watchdog::a_rank_that_calls_another_collective(&comm, &gpu, 2, WATCHED_TIMEOUT, &dir);
     });
 }
 
 #[test]
 #[ignore = "run under fake-gpu by suite_the_watchdog_stops_what_would_hang"]
 fn fake_a_ring_of_stages_that_send_before_they_receive_is_named_as_a_cycle() {
-    // Four pipeline stages, each sending to the next and then receiving from the previous, as two separate
-    // operations: NCCL runs a communicator's operations in issue order, so every send waits for a receive queued
-    // behind the receiver's own send, and nothing moves (the fake's sends wait for their receives as NCCL's do).
-    // Past the timeout every rank names the same cycle: the four ranks and the operation each is stuck at.
+    // Four pipeline stages, each sending to the next and then receiving from the previous (see the check; the
+    // fake's sends wait for their receives as NCCL's do). Every rank tells the same cycle.
     let dir = flight_dir("cycle");
-    let outcomes = ranks(4, |rank, gpu, store| {
-        let comm = connected(4, &gpu, store, rank, "ring", &dir);
-        let (next, prev) = ((rank + 1) % 4, (rank + 3) % 4);
-        let started = Instant::now();
-        let sent = comm
-            .send(gpu.upload(&[rank as f32; 8]).unwrap(), next, 0)
-            .unwrap();
-        let received = comm
-            .recv(gpu.alloc_zeros::<f32>(8).unwrap(), prev, 0)
-            .unwrap();
-        let e = sent.wait().expect_err("the ring never moves");
-        let took = started.elapsed();
-        let later = received
-            .wait()
-            .expect_err("nor does the receive behind the send");
-        eprintln!("watchdog-case: cycle: rank {rank} failed after {took:?}: {e}");
-        assert!(took < WATCHED_TIMEOUT + Duration::from_secs(5), "{took:?}");
-        assert!(e.to_string().contains("ring/device"), "{e}");
-        assert!(later.is_fatal(), "{later}");
-        let cause = comm
-            .failure_domain()
-            .root_cause()
-            .expect("a recorded cause");
-        assert_eq!(
-            cause.fault,
-            hypercomm_comm::Fault::Deadlocked,
-            "rank {rank}: {cause}"
-        );
-        assert_eq!(cause.ranks, [0, 1, 2, 3], "rank {rank}: {cause}");
-        assert!(
-            e.lost_ranks().is_empty() && e.culprits() == [0, 1, 2, 3],
-            "{e}"
-        );
-        let record = written_record(&dir, "ring/device", rank);
-        let last: Vec<String> = record.ops.iter().skip(1).map(|e| e.describe()).collect();
-        assert_eq!(
-            last,
-            [
-                format!("send(#2, dtype=f32, count=8, to=[{next}])"),
-                format!("recv(#3, dtype=f32, count=8, from=[{prev}])")
-            ],
-            "rank {rank}"
-        );
-        cause.detail
+    let told = ranks(4, |rank, gpu, store| {
+        let comm = connected(4, &gpu, store, rank, "ring", WATCHED_TIMEOUT, &dir);
+        watchdog::a_ring_that_sends_before_it_receives(&comm, &gpu, 8, WATCHED_TIMEOUT, &dir)
     });
-    // Every rank tells the same cycle.
-    assert!(outcomes[0].starts_with("a cycle of waits on ring/device: rank 0 at #2 send(dtype=f32, count=8, to=[1]), which waits for rank 1"), "{}", outcomes[0]);
-    assert!(outcomes.iter().all(|d| *d == outcomes[0]), "{outcomes:#?}");
+    assert!(told.iter().all(|d| *d == told[0]), "{told:#?}");
 }

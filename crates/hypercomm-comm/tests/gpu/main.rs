@@ -185,6 +185,8 @@ fn the_gpu_tests_pass_under_the_fake_gpu() {
         &[
             ("FAKE_GPU_DEVICES", "2"),
             ("FAKE_NCCL_TIMEOUT_SECS", "20"),
+            // A mismatch hangs, as NCCL's kernels do, for the watchdog's disagreement case to meet.
+            ("FAKE_NCCL_MISMATCH_HANGS", "1"),
             ("HYPERCOMM_REQUIRE_GPU", "1"),
         ],
     );

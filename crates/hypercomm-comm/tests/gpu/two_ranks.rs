@@ -1,13 +1,14 @@
 //! Two ranks as threads, on two GPUs or on one GPU twice (NCCL 2.30 with `NCCL_MULTI_RANK_GPU_ENABLE=1`): every
 //! collective with checked values, the operations the device gained, twin communicators overlapping, groups of
-//! operations, a non-blocking split, and a rank that never calls.
+//! operations, a non-blocking split, a rank that never calls, and what the watchdog ends and names (a rank that
+//! never calls while the other only orders its stream, different collectives, a cycle of sends).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hypercomm_comm::{CommError, CommOptions, Communicator, NcclOptions, ReduceOp};
 
-use crate::device_checks::{self, Counts};
+use crate::device_checks::{self, Counts, watchdog};
 use crate::fake_support::nccl;
 use crate::{on_two_ranks, pair};
 
@@ -229,4 +230,53 @@ fn two_ranks_one_that_never_calls_is_a_timeout_that_aborts() {
         // Rank 1 keeps its communicator until rank 0 has given up, then drops it (rank 0's aborted).
         std::thread::sleep(Duration::from_secs(if rank == 1 { 8 } else { 0 }));
     });
+}
+
+/// The watchdog cases' timeout on a GPU: long enough for two ranks on one GPU to create and connect their NCCL
+/// communicators, short enough for a quick run.
+const WATCHED: Duration = Duration::from_secs(5);
+
+/// A fresh folder for the flight records of `case`, under the temporary folder (or the fake's scratch folder).
+fn flight_dir(case: &str) -> std::path::PathBuf {
+    let root = std::env::var_os("FAKE_NCCL_DIR").map_or_else(std::env::temp_dir, Into::into);
+    let dir = root.join(format!("hypercomm-flight-{}-{case}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn two_ranks_one_that_never_calls_while_the_other_orders_its_stream_is_named() {
+    // Rank 1 never makes the second all-reduce; rank 0 only orders its stream after it and copies to the host:
+    // the watchdog ends it past the timeout, naming rank 1.
+    let dir = flight_dir("never-calls");
+    let finished = std::sync::atomic::AtomicUsize::new(0);
+    on_two_ranks("watchdog never calls", |rank, gpu, store| {
+        let comm = watchdog::connected(2, &gpu, store, rank, "gpu-behind", WATCHED, &dir);
+        watchdog::a_rank_that_never_calls(&comm, &gpu, 1, &finished, WATCHED, &dir);
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn two_ranks_that_call_different_collectives_are_named_as_a_disagreement() {
+    // NCCL's kernels wait on the mismatch (the fake with FAKE_NCCL_MISMATCH_HANGS=1): rank 1 calls all_gather
+    // where rank 0 calls reduce_scatter, and both report it past the timeout.
+    let dir = flight_dir("disagree");
+    on_two_ranks("watchdog disagreement", |rank, gpu, store| {
+        let comm = watchdog::connected(2, &gpu, store, rank, "gpu-disagree", WATCHED, &dir);
+        watchdog::a_rank_that_calls_another_collective(&comm, &gpu, 1, WATCHED, &dir);
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn two_ranks_that_each_send_before_they_receive_are_named_as_a_cycle() {
+    // 64 MiB each way, far beyond what NCCL buffers: each send waits for the other rank's receive, queued behind
+    // that rank's own send.
+    let dir = flight_dir("cycle");
+    on_two_ranks("watchdog cycle", |rank, gpu, store| {
+        let comm = watchdog::connected(2, &gpu, store, rank, "gpu-ring", WATCHED, &dir);
+        watchdog::a_ring_that_sends_before_it_receives(&comm, &gpu, 16 << 20, WATCHED, &dir);
+    });
+    let _ = std::fs::remove_dir_all(&dir);
 }
