@@ -317,7 +317,11 @@ impl FailureDomain {
                 let left = deadline
                     .saturating_duration_since(Instant::now())
                     .max(Duration::from_millis(20));
-                self.read(r, left)
+                self.read(r, left).map(|record| match record {
+                    Record::Provisional(c) => cycle::Seen::Waiting(c),
+                    Record::Final(c) => cycle::Seen::Settled(c),
+                    Record::NoCause => cycle::Seen::NoCause,
+                })
             },
             size,
         )

@@ -12,15 +12,25 @@
 //! that waits for several, one that already settled something other than a cycle) is not a cycle either, and
 //! the usual resolution stands.
 
-use super::Record;
 use crate::error::{Fault, RootCause};
+
+/// What a peer's failure record says, as far as a cycle goes.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Seen {
+    /// It is alive and stuck, as its provisional record says.
+    Waiting(RootCause),
+    /// It settled this root cause.
+    Settled(RootCause),
+    /// It gave up without a cause of its own.
+    NoCause,
+}
 
 /// The cycle of waits that rank `me`, stuck waiting for the one rank `mine` names, is on, if the peers' records
 /// (`read`, `None` for no record) show one; at most `limit` records are read.
-pub(super) fn find(
+pub(crate) fn find(
     me: usize,
     mine: &RootCause,
-    mut read: impl FnMut(usize) -> Option<Record>,
+    mut read: impl FnMut(usize) -> Option<Seen>,
     limit: usize,
 ) -> Option<RootCause> {
     let [mut next] = mine.ranks[..] else {
@@ -33,13 +43,13 @@ pub(super) fn find(
             return (cycle.len() >= 3).then(|| told(me, cycle));
         }
         match read(next)? {
-            Record::Provisional(c) if c.fault == Fault::Missing && c.ranks.len() == 1 => {
+            Seen::Waiting(c) if c.fault == Fault::Missing && c.ranks.len() == 1 => {
                 let after = c.ranks[0];
                 chain.push((next, c));
                 next = after;
             }
             // A rank on the cycle that settled it already: the same account.
-            Record::Final(c) if c.fault == Fault::Deadlocked && c.ranks.contains(&me) => {
+            Seen::Settled(c) if c.fault == Fault::Deadlocked && c.ranks.contains(&me) => {
                 return Some(RootCause { seen_by: me, ..c });
             }
             _ => return None,
@@ -102,7 +112,7 @@ mod tests {
                 find(
                     me,
                     &waiting(me, prev(me)),
-                    |r| Some(Record::Provisional(waiting(r, prev(r)))),
+                    |r| Some(Seen::Waiting(waiting(r, prev(r)))),
                     8,
                 )
                 .expect("a cycle")
@@ -132,7 +142,7 @@ mod tests {
             ..find(
                 2,
                 &waiting(2, 1),
-                |r| Some(Record::Provisional(waiting(r, (r + 2) % 3))),
+                |r| Some(Seen::Waiting(waiting(r, (r + 2) % 3))),
                 8,
             )
             .unwrap()
@@ -140,7 +150,7 @@ mod tests {
         let c = find(
             0,
             &waiting(0, 2),
-            |_| Some(Record::Final(settled.clone())),
+            |_| Some(Seen::Settled(settled.clone())),
             8,
         )
         .unwrap();
@@ -152,12 +162,7 @@ mod tests {
     fn chains_that_are_no_cycle_of_three_or_more_are_left_alone() {
         // Two ranks waiting for each other: a broken link looks the same.
         assert_eq!(
-            find(
-                0,
-                &waiting(0, 1),
-                |_| Some(Record::Provisional(waiting(1, 0))),
-                8
-            ),
+            find(0, &waiting(0, 1), |_| Some(Seen::Waiting(waiting(1, 0))), 8),
             None
         );
         // A chain that ends at a rank without a record (dead), or at a settled cause that is no cycle.
@@ -165,7 +170,7 @@ mod tests {
             find(
                 0,
                 &waiting(0, 1),
-                |r| (r == 1).then(|| Record::Provisional(waiting(1, 2))),
+                |r| (r == 1).then(|| Seen::Waiting(waiting(1, 2))),
                 8
             ),
             None
@@ -175,7 +180,7 @@ mod tests {
             ..waiting(1, 2)
         };
         assert_eq!(
-            find(0, &waiting(0, 1), |_| Some(Record::Final(died.clone())), 8),
+            find(0, &waiting(0, 1), |_| Some(Seen::Settled(died.clone())), 8),
             None
         );
         // Waiting for several ranks at once (a collective) is not a chain; nor is one longer than the limit.
@@ -188,7 +193,7 @@ mod tests {
             find(
                 0,
                 &waiting(0, 5),
-                |r| Some(Record::Provisional(waiting(r, (r + 5) % 6))),
+                |r| Some(Seen::Waiting(waiting(r, (r + 5) % 6))),
                 3
             ),
             None
