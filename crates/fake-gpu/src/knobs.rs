@@ -124,6 +124,18 @@ pub(crate) fn trace_nccl_call(name: &str, comm: Option<&str>) {
     }
 }
 
+/// `FAKE_GPU_TRACE_CALLS=1` also logs where each aborted communicator is freed, as `fake-nccl: freed <communicator>
+/// in ncclCommAbort` or `fake-nccl: freed <communicator> at ncclGroupEnd with <n> other(s)`, so that a test can
+/// tell aborts made one at a time from aborts made in one group whichever threads' lines come between.
+pub(crate) fn trace_nccl_free(comm: &str, with_others: Option<usize>) {
+    if std::env::var_os("FAKE_GPU_TRACE_CALLS").is_some_and(|v| v == "1") {
+        match with_others {
+            Some(n) => eprintln!("fake-nccl: freed {comm} at ncclGroupEnd with {n} other(s)"),
+            None => eprintln!("fake-nccl: freed {comm} in ncclCommAbort"),
+        }
+    }
+}
+
 /// `FAKE_GPU_STREAM_DELAY_MS`: how long a stream's worker waits before running each piece of work (default 0), a
 /// slow GPU: work that a caller forgot to wait for then reliably runs too late, and memory released too early is
 /// reliably still in use.

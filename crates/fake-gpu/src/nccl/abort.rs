@@ -36,7 +36,7 @@ pub unsafe extern "C" fn ncclCommAbort(c: ncclComm_t) -> ncclResult_t {
     comm.stop.store(true, Ordering::Release);
     if !hold_abort(c) {
         // SAFETY: the caller's contract; not held by a group, so freed only here.
-        unsafe { free_aborted(vec![c]) };
+        unsafe { free_aborted(vec![c], false) };
     }
     SUCCESS
 }

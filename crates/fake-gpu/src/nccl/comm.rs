@@ -325,12 +325,13 @@ impl Comm {
 
 /// Frees the aborted communicators `handles` (their abort flags are raised already), as NCCL's `commReclaim` does:
 /// waits for the work on their devices to end, as freeing device memory does on a GPU (up to the hang timeout,
-/// past which it says on stderr that NCCL would hang here), then leaves each.
+/// past which it says on stderr that NCCL would hang here), then leaves each. `in_group`: freed by the outermost
+/// `ncclGroupEnd` of the group that held their aborts, rather than in `ncclCommAbort` (as traced).
 ///
 /// # Safety
 ///
 /// Every handle came from this library and is not used again.
-pub(crate) unsafe fn free_aborted(handles: Vec<ncclComm_t>) {
+pub(crate) unsafe fn free_aborted(handles: Vec<ncclComm_t>, in_group: bool) {
     let comms: Vec<Arc<Comm>> = handles
         .into_iter()
         // SAFETY: the caller's contract.
@@ -355,7 +356,9 @@ pub(crate) unsafe fn free_aborted(handles: Vec<ncclComm_t>) {
             );
         }
     }
+    let others = in_group.then(|| comms.len() - 1);
     for comm in comms {
+        knobs::trace_nccl_free(&comm.label(), others);
         comm.leave();
     }
 }

@@ -274,7 +274,7 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
     if !aborts.is_empty() {
         let handles = aborts.into_iter().map(|c| c as ncclComm_t).collect();
         // SAFETY: each came from ncclCommAbort, whose caller gave it up (its contract), and is freed only here.
-        unsafe { free_aborted(handles) };
+        unsafe { free_aborted(handles, true) };
     }
     let mut batches: Vec<(usize, Vec<Issued>)> = Vec::new();
     for (s, issued) in calls {
