@@ -19,6 +19,7 @@
 //!    ([`behind`]).
 
 pub(crate) mod abort;
+pub(crate) mod backoff;
 pub(crate) mod behind;
 pub(crate) mod comm;
 pub(crate) mod communicator;
