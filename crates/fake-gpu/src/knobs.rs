@@ -31,6 +31,12 @@ pub(crate) fn runtime_connect() -> bool {
     nccl_version() >= 22200 && !std::env::var("NCCL_RUNTIME_CONNECT").is_ok_and(|v| v.trim() == "0")
 }
 
+/// Whether `ncclCommAbort` inside `ncclGroupStart`/`ncclGroupEnd` waits for the group's end to free the
+/// communicator: NCCL 2.22 or newer (by `FAKE_NCCL_VERSION`), as in the real library; before, it frees at once.
+pub(crate) fn grouped_abort() -> bool {
+    nccl_version() >= 22200
+}
+
 /// `FAKE_NCCL_INIT_POLLS`: extra `ncclCommGetAsyncError` polls a non-blocking communicator stays in progress
 /// after its creation has finished (default 2).
 pub(crate) fn init_polls() -> u32 {
@@ -105,15 +111,27 @@ pub(crate) fn trace_call(name: &str) {
     }
 }
 
-/// `FAKE_GPU_TRACE_CALLS=1` also logs every NCCL call that issues work or brackets a group, as
-/// `fake-nccl: call <name>` followed by ` on <communicator>` for a collective, send or receive, so that a test can
-/// see which calls an operation made and how they were grouped. (Polls such as `ncclCommGetAsyncError` are not
-/// logged.)
+/// `FAKE_GPU_TRACE_CALLS=1` also logs every NCCL call that issues work, brackets a group or stops a communicator,
+/// as `fake-nccl: call <name>` followed by ` on <communicator>` for a collective, send, receive, abort or revoke,
+/// so that a test can see which calls an operation made and how they were grouped. (Polls such as
+/// `ncclCommGetAsyncError` are not logged.)
 pub(crate) fn trace_nccl_call(name: &str, comm: Option<&str>) {
     if std::env::var_os("FAKE_GPU_TRACE_CALLS").is_some_and(|v| v == "1") {
         match comm {
             Some(comm) => eprintln!("fake-nccl: call {name} on {comm}"),
             None => eprintln!("fake-nccl: call {name}"),
+        }
+    }
+}
+
+/// `FAKE_GPU_TRACE_CALLS=1` also logs where each aborted communicator is freed, as `fake-nccl: freed <communicator>
+/// in ncclCommAbort` or `fake-nccl: freed <communicator> at ncclGroupEnd with <n> other(s)`, so that a test can
+/// tell aborts made one at a time from aborts made in one group whichever threads' lines come between.
+pub(crate) fn trace_nccl_free(comm: &str, with_others: Option<usize>) {
+    if std::env::var_os("FAKE_GPU_TRACE_CALLS").is_some_and(|v| v == "1") {
+        match with_others {
+            Some(n) => eprintln!("fake-nccl: freed {comm} at ncclGroupEnd with {n} other(s)"),
+            None => eprintln!("fake-nccl: freed {comm} in ncclCommAbort"),
         }
     }
 }

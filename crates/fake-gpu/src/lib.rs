@@ -24,6 +24,8 @@
 //! `NCCL_RUNTIME_CONNECT`. Each communicator's config is logged to stderr as
 //! `fake-nccl: <call>: <fields>`.
 
+#[cfg(test)]
+mod abort_tests;
 pub(crate) mod cuda;
 mod event;
 #[cfg(test)]

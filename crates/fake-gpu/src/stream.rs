@@ -133,6 +133,25 @@ impl Stream {
         }
     }
 
+    /// Waits until everything enqueued so far has run, until `deadline` at most, without failing the stream; whether
+    /// it has.
+    fn run_by(&self, deadline: Instant) -> bool {
+        let mut q = lock(&self.queue);
+        let target = q.enqueued;
+        while q.done < target {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            q = self
+                .changed
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+
     /// Whether everything enqueued has run.
     pub(crate) fn idle(&self) -> bool {
         let q = lock(&self.queue);
@@ -155,6 +174,19 @@ pub(crate) fn synchronize_all(device: usize) -> Result<(), String> {
         .filter(|s| s.device == device)
         .collect();
     streams.iter().try_for_each(|s| s.synchronize())
+}
+
+/// Waits, up to `limit`, until every live stream of `device`'s context has run what was enqueued on it when this
+/// was called, failing none: what freeing device memory does on a GPU, where it waits for the kernels running on
+/// the device, whichever thread or communicator launched them. Whether they all did in time.
+pub(crate) fn settle_device(device: usize, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let streams: Vec<Arc<Stream>> = lock(registry())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|s| s.device == device)
+        .collect();
+    streams.iter().all(|s| s.run_by(deadline))
 }
 
 /// A stream handle as the C API passes it: null for the legacy default stream, else a boxed `Arc<Stream>`.

@@ -27,6 +27,9 @@
 //! a root cause without ranks, which a later cause naming ranks replaces) and aborts every other member, host
 //! and device, so that the rank's peers learn of it at once through the host communicators.
 //!
+//! Aborting the members (a deliberate [`FailureDomain::abort`], or another member's failure) stops them all at
+//! once, NCCL communicators in one NCCL group where the loaded NCCL allows, within one bound ([`abort`]).
+//!
 //! Writes run on a short-lived thread the writer waits for at most [`PUBLISH_WAIT`] (a dead store must not hold
 //! an abort up); every read is bounded.
 //!
@@ -40,7 +43,12 @@ use hypercomm_store::{Key, Store};
 use crate::CommError;
 use crate::error::{Call, Fault, RootCause};
 
+mod abort;
 mod cycle;
+mod record;
+
+pub(crate) use abort::{JointStop, Member, STOP_TRY, Step};
+use record::{Record, decode, encode};
 
 /// How long a failing rank waits for its failure record to reach the store before going on anyway.
 pub(crate) const PUBLISH_WAIT: Duration = Duration::from_millis(500);
@@ -85,14 +93,6 @@ pub struct FailureDomain {
     comms: Mutex<Vec<Weak<dyn Member>>>,
 }
 
-/// Something a domain aborts when another member fails: a host communicator's shared state, an NCCL
-/// communicator. Held weakly: a dropped member leaves the domain.
-pub(crate) trait Member: Send + Sync {
-    /// Breaks the member with `cause` and stops its work, unless it is broken already. Never reports back to the
-    /// domain (the domain calls this while settling another member's failure).
-    fn abort_with(&self, cause: &str);
-}
-
 impl std::fmt::Debug for FailureDomain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FailureDomain")
@@ -107,17 +107,6 @@ impl PartialEq for FailureDomain {
     fn eq(&self, other: &Self) -> bool {
         std::ptr::eq(self, other)
     }
-}
-
-/// A failure record: what one rank found, and how sure it is.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Record {
-    /// The rank timed out waiting for `cause.ranks` and is still looking for their records.
-    Provisional(RootCause),
-    /// The rank's resolved root cause.
-    Final(RootCause),
-    /// The rank gave up without a cause of its own to report (a deliberate abort, a local error).
-    NoCause,
 }
 
 /// What a rank's error turned out to be, after the peers' records.
@@ -495,35 +484,44 @@ impl FailureDomain {
     }
 
     /// Gives up on every communicator of the domain at once: the host ones tell their peers (whose operations then
-    /// fail at once), the NCCL ones are stopped (aborted, or, while a call of another thread is inside NCCL,
-    /// revoked and aborted when that call returns: see the NCCL flavor's rule per version), split and shrink
-    /// children included, since they join their parent's domain. This rank's record says it gave up deliberately
-    /// (unless it recorded a failure already, which stays its record), so its peers blame no rank of their own.
+    /// fail at once), the NCCL ones are stopped, split and shrink children included, since they join their
+    /// parent's domain. This rank's record says it gave up deliberately (unless it recorded a failure already,
+    /// which stays its record), so its peers blame no rank of their own. Every later operation on any of them
+    /// fails with [`CommError::Broken`].
     ///
-    /// Bounded: a host communicator returns at once (its progress thread ends after the operation in flight,
-    /// which its peers stop), and an NCCL one waits at most 50 ms for a call in progress before it revokes
-    /// instead, plus what `ncclCommAbort` itself takes. Every later operation on any of them fails with
-    /// [`CommError::Broken`].
+    /// The members are stopped together, not one after another (see `failure::abort`): every one is marked
+    /// broken first; the NCCL communicators of one loaded library are then freed in one NCCL group
+    /// (`ncclCommAbort` of each between `ncclGroupStart` and `ncclGroupEnd`, NCCL 2.22 and later; one at a time
+    /// before), which is how NCCL stops communicators whose kernels wait on each other's device; the host ones
+    /// tell their peers, each on a thread of its own. An NCCL communicator with a call of another thread inside
+    /// NCCL is not freed under that call: it is revoked (`ncclCommRevoke`, NCCL 2.28 and later) and freed by the
+    /// call on its way out.
+    ///
+    /// Bounded: returns within 1.55 s whatever the members, the store and NCCL do: at most 0.5 s for this rank's
+    /// record to reach the store, 50 ms for calls inside NCCL to return, and 1 s for the peers to be told and
+    /// the NCCL communicators to be freed; what is not done by then (a freeing that NCCL holds up, a peer's full
+    /// socket) finishes in the background.
     pub fn abort(&self) {
         self.record_abort();
-        let comms: Vec<Arc<dyn Member>> =
-            lock(&self.comms).iter().filter_map(Weak::upgrade).collect();
-        for comm in comms {
-            comm.abort_with("aborted by this rank");
-        }
+        abort::stop_all(self.members(), "aborted by this rank");
     }
 
-    /// Aborts every member of the domain that is not broken yet, with `error` as their cause.
+    /// The members still alive, in the order they joined.
+    fn members(&self) -> Vec<Arc<dyn Member>> {
+        lock(&self.comms).iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Aborts every member of the domain that is not broken yet, with `error` as their cause, all at once (as
+    /// [`abort`](Self::abort) does, within 1.05 s).
     fn abort_all(&self, error: &CommError) {
-        let comms: Vec<Arc<dyn Member>> =
-            lock(&self.comms).iter().filter_map(Weak::upgrade).collect();
+        let comms = self.members();
         if comms.len() <= 1 {
             return;
         }
-        let cause = format!("another communicator of this rank failed: {error}");
-        for comm in comms {
-            comm.abort_with(&cause);
-        }
+        abort::stop_all(
+            comms,
+            &format!("another communicator of this rank failed: {error}"),
+        );
     }
 }
 
@@ -627,56 +625,6 @@ pub(crate) fn to_members(error: CommError, members: &[usize]) -> CommError {
     }
 }
 
-fn encode(record: &Record) -> Vec<u8> {
-    let (state, cause) = match record {
-        Record::Provisional(c) => ("provisional", Some(c)),
-        Record::Final(c) => ("final", Some(c)),
-        Record::NoCause => ("none", None),
-    };
-    let Some(c) = cause else {
-        return state.as_bytes().to_vec();
-    };
-    let ranks: Vec<String> = c.ranks.iter().map(usize::to_string).collect();
-    format!(
-        "{state}\n{}\n{}\n{}\n{}\n{}",
-        c.fault.name(),
-        ranks.join(","),
-        c.seen_by,
-        c.comm.replace('\n', " "),
-        c.detail
-    )
-    .into_bytes()
-}
-
-/// Parses a record; `None` for anything malformed (a foreign or corrupted value is no evidence).
-fn decode(bytes: &[u8]) -> Option<Record> {
-    let text = String::from_utf8_lossy(bytes);
-    let mut lines = text.splitn(6, '\n');
-    let state = lines.next()?;
-    if state == "none" {
-        return Some(Record::NoCause);
-    }
-    let fault = Fault::from_name(lines.next()?)?;
-    let ranks = lines
-        .next()?
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().ok())
-        .collect::<Option<Vec<_>>>()?;
-    let cause = RootCause {
-        ranks,
-        fault,
-        seen_by: lines.next()?.parse().ok()?,
-        comm: lines.next()?.to_owned(),
-        detail: lines.next().unwrap_or("").to_owned(),
-    };
-    match state {
-        "provisional" => Some(Record::Provisional(cause)),
-        "final" => Some(Record::Final(cause)),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -693,26 +641,6 @@ mod tests {
             comm: "c/1".into(),
             seen_by,
             detail: "all_reduce(#2)\nsecond line".into(),
-        }
-    }
-
-    #[test]
-    fn records_round_trip_and_junk_is_no_record() {
-        for r in [
-            Record::Final(cause(vec![2, 5], Fault::Died, 1)),
-            Record::Provisional(cause(vec![0], Fault::Missing, 3)),
-            Record::Final(cause(vec![], Fault::Disagreed, 0)),
-            Record::NoCause,
-        ] {
-            assert_eq!(decode(&encode(&r)), Some(r));
-        }
-        for junk in [
-            &b"final\nexploded\n1\n0\nc\nd"[..],
-            b"final\ndied\n1,x\n0\nc",
-            b"",
-            b"what",
-        ] {
-            assert_eq!(decode(junk), None, "{junk:?}");
         }
     }
 
@@ -840,6 +768,18 @@ mod tests {
             &CommError::timeout("c", Vec::new(), Duration::from_secs(1), "x"),
         );
         assert_eq!(e.root_cause().map(|c| c.fault), Some(Fault::Missing));
+    }
+
+    #[test]
+    fn the_bound_stated_for_abort_is_the_sum_of_its_waits() {
+        // FailureDomain::abort's rustdoc and docs/perf/reliability.md state these numbers.
+        assert_eq!(PUBLISH_WAIT, Duration::from_millis(500));
+        assert_eq!(abort::STOP_TRY, Duration::from_millis(50));
+        assert_eq!(abort::STOP_WAIT, Duration::from_secs(1));
+        assert_eq!(
+            PUBLISH_WAIT + abort::STOP_TRY + abort::STOP_WAIT,
+            Duration::from_millis(1550)
+        );
     }
 
     #[test]

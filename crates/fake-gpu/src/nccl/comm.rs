@@ -13,7 +13,7 @@ use super::result_codes::{
     IN_PROGRESS, INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR, SUCCESS, SYSTEM_ERROR,
 };
 use crate::knobs;
-use crate::stream::lock;
+use crate::stream::{self, lock};
 
 #[derive(Default)]
 struct Health {
@@ -32,10 +32,13 @@ pub(crate) struct Comm {
     pub dir: PathBuf,
     pub rank: usize,
     pub nranks: usize,
+    /// The device whose context created it (a split or shrink child's is its parent's).
+    pub device: usize,
     pub name: String,
     pub non_blocking: bool,
     health: Mutex<Health>,
-    /// Set by `ncclCommAbort` (and by a shrink that aborts first): waiting operations give up.
+    /// Set by `ncclCommAbort` at once, in a group too (NCCL's abort flag), and by a shrink that aborts first:
+    /// waiting operations give up.
     pub stop: AtomicBool,
     /// Set by `ncclCommAbort` and destroy: control exchanges give up too.
     pub gone: AtomicBool,
@@ -61,6 +64,7 @@ impl Comm {
         dir: PathBuf,
         rank: usize,
         nranks: usize,
+        device: usize,
         name: String,
         non_blocking: bool,
     ) -> Arc<Comm> {
@@ -68,6 +72,7 @@ impl Comm {
             dir,
             rank,
             nranks,
+            device,
             name,
             non_blocking,
             health: Mutex::new(Health::default()),
@@ -315,6 +320,46 @@ impl Comm {
         if all_gone {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// Frees the aborted communicators `handles` (their abort flags are raised already), as NCCL's `commReclaim` does:
+/// waits for the work on their devices to end, as freeing device memory does on a GPU (up to the hang timeout,
+/// past which it says on stderr that NCCL would hang here), then leaves each. `in_group`: freed by the outermost
+/// `ncclGroupEnd` of the group that held their aborts, rather than in `ncclCommAbort` (as traced).
+///
+/// # Safety
+///
+/// Every handle came from this library and is not used again.
+pub(crate) unsafe fn free_aborted(handles: Vec<ncclComm_t>, in_group: bool) {
+    let comms: Vec<Arc<Comm>> = handles
+        .into_iter()
+        // SAFETY: the caller's contract.
+        .map(|c| unsafe { release(c) })
+        .collect();
+    let mut devices: Vec<usize> = comms.iter().map(|c| c.device).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    for device in devices {
+        let limit = knobs::hang_timeout();
+        if !stream::settle_device(device, limit) {
+            let names: Vec<String> = comms
+                .iter()
+                .filter(|c| c.device == device)
+                .map(|c| c.label())
+                .collect();
+            eprintln!(
+                "fake-nccl: ncclCommAbort of {}: freeing waited {limit:?} for work on device {device} that never \
+                 ended (a kernel of another communicator waiting for its peers?); NCCL hangs here: abort such \
+                 communicators together, in one group (NCCL 2.22 and later)",
+                names.join(", ")
+            );
+        }
+    }
+    let others = in_group.then(|| comms.len() - 1);
+    for comm in comms {
+        knobs::trace_nccl_free(&comm.label(), others);
+        comm.leave();
     }
 }
 

@@ -135,10 +135,18 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
     };
     let non_blocking = config.is_some_and(|c| c.blocking == 0);
     let name = comm_name(config.as_ref(), format!("comm-{token}"));
-    let comm = Comm::new(exchange::directory(&token), r, n, name, non_blocking);
+    let device = crate::cuda::current_device();
+    let comm = Comm::new(
+        exchange::directory(&token),
+        r,
+        n,
+        device,
+        name,
+        non_blocking,
+    );
     // SAFETY: non-null and valid by the contract.
     unsafe { out.write(into_handle(Arc::clone(&comm))) };
-    let (joining, device) = (Arc::clone(&comm), crate::cuda::current_device());
+    let joining = Arc::clone(&comm);
     let answer = run_job(&comm, knobs::init_polls(), move || joining.join(device));
     if answer != SUCCESS && answer != IN_PROGRESS {
         // A blocking creation that failed leaves no communicator behind.
@@ -216,7 +224,14 @@ impl ChildSpec {
         let dir = parent.dir.with_file_name(format!("{base}-{}", self.suffix));
         std::fs::create_dir_all(&dir)
             .map_err(|e| (SYSTEM_ERROR, format!("creating {}: {e}", dir.display())))?;
-        let child = Comm::new(dir, self.rank, self.nranks, self.name, !self.blocking);
+        let child = Comm::new(
+            dir,
+            self.rank,
+            self.nranks,
+            parent.device,
+            self.name,
+            !self.blocking,
+        );
         child.linger(knobs::init_polls());
         // SAFETY: the caller's contract.
         unsafe { slot.write(into_handle(child)) };

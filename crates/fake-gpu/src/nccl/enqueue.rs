@@ -9,6 +9,13 @@
 //! issues none of the group's calls (NCCL's `ncclGroupError`); and blocking and non-blocking communicators are not
 //! allowed in one group (NCCL's "Blocking and nonblocking communicators are not allowed in the same group"): such
 //! a call is refused with `ncclInvalidArgument`, and fails its group.
+//!
+//! From NCCL 2.22 a group holds aborts too ([`hold_abort`]): `ncclCommAbort` raises the communicator's abort flag
+//! in the call, and the outermost `ncclGroupEnd` frees every aborted communicator of the group together
+//! ([`super::abort`], [`free_aborted`]) before it issues the group's other calls. It blocks until they are freed,
+//! whatever the communicators' `blocking` setting, and aborts take no part in the check that keeps blocking and
+//! non-blocking communicators apart (NCCL's `ncclAsyncLaunch` makes a group with an abort blocking). A group that
+//! fails drops its aborts unfreed, as NCCL's `groupCleanup` drops its queued jobs.
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
@@ -17,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 
-use super::comm::{Comm, from_handle};
+use super::comm::{Comm, free_aborted, from_handle};
 use super::create::run_job;
 use super::ops::{self, Call, Issued, issue};
 use super::result_codes::{IN_PROGRESS, INVALID_ARGUMENT, INVALID_USAGE, SUCCESS, SYSTEM_ERROR};
@@ -32,6 +39,8 @@ struct Group {
     non_blocking: Option<bool>,
     /// The first call of the group that failed: the group fails with it.
     error: Option<ncclResult_t>,
+    /// The communicators aborted in the group, freed at its end (their handles).
+    aborts: Vec<usize>,
 }
 
 thread_local! {
@@ -68,6 +77,21 @@ fn fail_group(code: ncclResult_t) -> ncclResult_t {
         }
     });
     code
+}
+
+/// Holds the freeing of the aborted communicator `c` (its abort flag raised already) for the outermost
+/// `ncclGroupEnd`, when this thread has a group open and the loaded version groups aborts (NCCL 2.22 and later);
+/// false otherwise, and then the caller frees it now.
+pub(super) fn hold_abort(c: ncclComm_t) -> bool {
+    knobs::grouped_abort()
+        && GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.depth == 0 {
+                return false;
+            }
+            g.aborts.push(c as usize);
+            true
+        })
 }
 
 /// Issues one call, `name`: checked now, queued on the stream (or held by the open group).
@@ -206,13 +230,13 @@ pub extern "C" fn ncclGroupStart() -> ncclResult_t {
     SUCCESS
 }
 
-/// What the outermost `ncclGroupEnd` takes from this thread's group: its calls, or the error of its first failed
-/// call (then its calls are dropped, never issued).
-type Ended = Result<Vec<(usize, Issued)>, ncclResult_t>;
+/// What the outermost `ncclGroupEnd` takes from this thread's group: its calls and aborts, or the error of its
+/// first failed call and the aborts it drops (then its calls are dropped, never issued).
+type Ended = Result<(Vec<(usize, Issued)>, Vec<usize>), (ncclResult_t, usize)>;
 
-/// `ncclGroupEnd`: the outermost one queues the held calls, one batch per communicator and stream, so a
-/// group's sends and receives run together, the batches in an order every rank shares; a group with a failed
-/// call answers that call's error instead and issues nothing.
+/// `ncclGroupEnd`: the outermost one frees the group's aborted communicators, then queues the held calls, one
+/// batch per communicator and stream, so a group's sends and receives run together, the batches in an order every
+/// rank shares; a group with a failed call answers that call's error instead and issues and frees nothing.
 #[unsafe(no_mangle)]
 pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
     knobs::trace_nccl_call("ncclGroupEnd", None);
@@ -223,28 +247,35 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
         }
         g.depth -= 1;
         if g.depth > 0 {
-            return Some(Ok(Vec::new()));
+            return Some(Ok((Vec::new(), Vec::new())));
         }
         let calls = std::mem::take(&mut g.calls);
+        let aborts = std::mem::take(&mut g.aborts);
         g.non_blocking = None;
         Some(match g.error.take() {
-            Some(e) => Err(e),
-            None => Ok(calls),
+            Some(e) => Err((e, aborts.len())),
+            None => Ok((calls, aborts)),
         })
     });
-    let calls = match ended {
+    let (calls, aborts) = match ended {
         None => {
             eprintln!("fake-nccl: ncclGroupEnd without ncclGroupStart");
             return INVALID_USAGE;
         }
-        Some(Err(e)) => {
+        Some(Err((e, dropped))) => {
             eprintln!(
-                "fake-nccl: ncclGroupEnd: a call of the group failed; none of its calls were issued"
+                "fake-nccl: ncclGroupEnd: a call of the group failed; none of its calls were issued, and its \
+                 {dropped} aborted communicator(s) stay allocated"
             );
             return e;
         }
-        Some(Ok(calls)) => calls,
+        Some(Ok(ended)) => ended,
     };
+    if !aborts.is_empty() {
+        let handles = aborts.into_iter().map(|c| c as ncclComm_t).collect();
+        // SAFETY: each came from ncclCommAbort, whose caller gave it up (its contract), and is freed only here.
+        unsafe { free_aborted(handles, true) };
+    }
     let mut batches: Vec<(usize, Vec<Issued>)> = Vec::new();
     for (s, issued) in calls {
         match batches

@@ -26,9 +26,15 @@
 //!   ([`red_ops`]) belong to one communicator and one element type.
 //! - **Revoke**: `ncclCommRevoke` stops in-flight work without freeing the communicator, safe beside another
 //!   thread's call on it (a blocking call waiting for peers returns), and refuses later work.
+//! - **Abort** ([`mod@abort`]): `ncclCommAbort` stops the communicator's work at once; freeing it waits for the work
+//!   on its device to end, as freeing device memory does on a GPU, so aborting one communicator while another's
+//!   work waits for a peer holds the abort until that work ends. Inside a group (NCCL 2.22 and later) the
+//!   freeing waits for the outermost `ncclGroupEnd`, which frees the group's aborted communicators together,
+//!   after every one's work was stopped. With `FAKE_GPU_TRACE_CALLS=1` aborts and revokes are logged too.
 //! - **Failures on demand**: `FAKE_NCCL_FAIL_AFTER` (and `FAKE_NCCL_FAIL_RANK`) make a communicator fail after K
 //!   operations; a peer that never comes is reported after `FAKE_NCCL_TIMEOUT_SECS`.
 
+mod abort;
 mod comm;
 mod config;
 mod create;
@@ -40,6 +46,8 @@ mod reduce;
 mod result_codes;
 
 // The C entry points are found by symbol name; the crate's own tests call them through these paths.
+#[cfg(test)]
+pub(crate) use abort::*;
 #[cfg(test)]
 pub(crate) use create::*;
 #[cfg(test)]
@@ -65,6 +73,21 @@ const SPLIT_NOCOLOR: c_int = -1;
 const SHRINK_ABORT: c_int = 1;
 /// What a unique id made here starts with; the rest names the communicator's directory.
 const ID_PREFIX: &[u8] = b"fake-nccl:";
+
+/// The directory where the ranks of the live communicator `c` meet: a rank's `gone.r<rank>` file there says it
+/// freed its communicator.
+///
+/// # Safety
+///
+/// `c` is live.
+#[cfg(test)]
+pub(crate) unsafe fn exchange_dir(c: ncclComm_t) -> std::path::PathBuf {
+    // SAFETY: the caller's contract.
+    unsafe { from_handle(c) }
+        .expect("a live communicator")
+        .dir
+        .clone()
+}
 
 /// `ncclGetVersion`: `FAKE_NCCL_VERSION`, 22809 by default.
 ///
@@ -228,22 +251,6 @@ pub unsafe extern "C" fn ncclCommDestroy(c: ncclComm_t) -> ncclResult_t {
     SUCCESS
 }
 
-/// `ncclCommAbort`: waiting operations of this rank give up at once; created reductions go with the
-/// communicator.
-///
-/// # Safety
-///
-/// `c` came from this library and is not used again.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclCommAbort(c: ncclComm_t) -> ncclResult_t {
-    if c.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    // SAFETY: the caller's contract.
-    unsafe { release(c) }.leave();
-    SUCCESS
-}
-
 /// `ncclCommRevoke` (NCCL 2.28): this rank's in-flight operations stop without an error (a call waiting for
 /// peers returns), later ones are refused with `ncclInvalidUsage`; a non-blocking communicator answers
 /// `ncclInProgress` (here and from `ncclCommGetAsyncError`) until its operations have stopped, a blocking one
@@ -259,6 +266,7 @@ pub unsafe extern "C" fn ncclCommRevoke(c: ncclComm_t, flags: c_int) -> ncclResu
     let Some(c) = (unsafe { from_handle(c) }) else {
         return INVALID_ARGUMENT;
     };
+    knobs::trace_nccl_call("ncclCommRevoke", Some(&c.label()));
     if flags != 0 {
         eprintln!("fake-nccl: ncclCommRevoke: flags {flags} are not NCCL_REVOKE_DEFAULT");
         return INVALID_ARGUMENT;

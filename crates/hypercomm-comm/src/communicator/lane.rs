@@ -387,6 +387,19 @@ impl Lane {
         Self::retire_if_due(state);
     }
 
+    /// Closes the lane as [`close`](Self::close)`(true)` does, but hands the engine's last act (telling the peers,
+    /// which may wait on a slow peer's socket) to the caller when it is due now, to run where it likes; `None` when
+    /// the progress thread makes it later.
+    pub(super) fn close_handing_back(&self) -> Option<impl FnOnce() + Send + 'static> {
+        let mut state = self.lock();
+        state.closed = true;
+        state.tell_peers = true;
+        self.changed.notify_all();
+        let last = state.retire();
+        drop(state);
+        last.map(|last| move || retire(last))
+    }
+
     /// Closes the lane and waits for the progress thread to finish the queued jobs and end.
     pub(super) fn shut(&self) {
         self.close(false);

@@ -40,7 +40,7 @@ use crate::backends::nccl::communicator::group::GroupMark;
 use crate::backends::nccl::communicator::{DeviceCommunicator, DeviceWork};
 use crate::backends::nccl::gpu::Gpu;
 use crate::element::Element;
-use crate::failure::{self, Context, FailureDomain, Member};
+use crate::failure::{self, Context, FailureDomain, Member, Step};
 use crate::host_work::{Completer, HostWork, RunInline, pair};
 use crate::op::{Group, Message, Op};
 use crate::options::CommOptions;
@@ -126,6 +126,22 @@ impl Shared {
 impl Member for Shared {
     fn abort_with(&self, cause: &str) {
         Shared::abort_with(self, cause);
+    }
+
+    /// Marks the communicator broken and closes its lane now; telling the peers, when the engine is free to do it
+    /// now, is left for the domain to run beside the other members' steps.
+    fn try_stop(&self, cause: &str) -> Step {
+        {
+            let mut broken = lock(&self.broken);
+            if broken.is_some() {
+                return Step::Stopped;
+            }
+            *broken = Some(cause.to_owned());
+        }
+        match self.lane.close_handing_back() {
+            Some(tell_peers) => Step::Blocking(Box::new(tell_peers)),
+            None => Step::Stopped,
+        }
     }
 }
 

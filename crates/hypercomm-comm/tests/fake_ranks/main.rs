@@ -11,6 +11,7 @@
 //! - [`streams`]: results ordered without a CPU wait, twin communicators on their own streams;
 //! - [`failures`]: timeouts, aborts and asynchronous errors, reported rather than hung, and what the GPU's watchdog
 //!   stops that would otherwise hang;
+//! - [`aborts`]: a failure domain's abort stopping every communicator at once, in one NCCL group where NCCL allows;
 //! - [`groups`]: operations on several communicators issued as one NCCL group, and what a group refuses;
 //! - [`placement`]: two ranks on one device (NCCL 2.30), ranks as processes;
 //! - [`raw`]: NCCL called directly on a communicator's handle, between hypercomm's operations.
@@ -22,6 +23,7 @@ mod device_checks;
 #[path = "../fake_support/mod.rs"]
 mod fake_support;
 
+mod aborts;
 mod collectives;
 mod failures;
 mod groups;
@@ -173,6 +175,75 @@ fn suite_the_watchdog_stops_what_would_hang() {
             ("FAKE_NCCL_MISMATCH_HANGS", "1"),
         ],
     ));
+}
+
+#[test]
+fn suite_a_domain_abort_stops_every_communicator_together() {
+    // Each rank's NCCL communicators wait for the fake's peer timeout when nothing stops them: 30 s, against the
+    // abort's bound of 1.55 s. What the fake traced: where each aborted communicator was freed.
+    let freed = |log: &str, how: &str| -> Vec<String> {
+        log.lines()
+            .filter_map(|l| l.trim().strip_prefix("fake-nccl: freed "))
+            .filter(|l| l.contains(how) && l.contains("(rank 0 of 2)"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let log = pass_under_fake(
+        "aborts::fake_a_domain_with_stuck_work_everywhere_is_aborted_in_one_group",
+        &[
+            (DEVICES, "2"),
+            ("FAKE_GPU_TRACE_CALLS", "1"),
+            ("FAKE_NCCL_TIMEOUT_SECS", "30"),
+        ],
+    );
+    print_cases(&log);
+    // p, q and p's split child together, in one group; b, whose call was inside NCCL, revoked and freed by that
+    // call on its way out, alone.
+    let grouped = freed(&log, "at ncclGroupEnd with 2 other(s)");
+    assert_eq!(grouped.len(), 3, "{log}");
+    for name in ["p/device ", "q/device ", "p/split0/color0/device "] {
+        assert!(
+            grouped.iter().any(|l| l.starts_with(name)),
+            "{name}: {grouped:?}"
+        );
+    }
+    assert_eq!(
+        freed(&log, "in ncclCommAbort"),
+        ["b/device (rank 0 of 2) in ncclCommAbort"],
+        "{log}"
+    );
+    let calls = nccl_calls_between(&log, aborts::ABORTING, aborts::ABORTED);
+    assert!(
+        calls.contains(&"ncclCommRevoke on b/device (rank 0 of 2)"),
+        "{calls:?}"
+    );
+    assert_eq!(
+        calls.iter().filter(|c| **c == "ncclGroupStart").count(),
+        1,
+        "{calls:?}"
+    );
+    // Before NCCL 2.22 an abort frees at once, group or not: one at a time, no group.
+    let log = pass_under_fake(
+        "aborts::fake_a_domain_is_aborted_one_at_a_time_before_nccl_2_22",
+        &[
+            (DEVICES, "2"),
+            ("FAKE_GPU_TRACE_CALLS", "1"),
+            ("FAKE_NCCL_TIMEOUT_SECS", "3"),
+            ("FAKE_NCCL_VERSION", "22105"),
+        ],
+    );
+    print_cases(&log);
+    assert_eq!(freed(&log, "in ncclCommAbort").len(), 3, "{log}");
+    assert!(freed(&log, "at ncclGroupEnd").is_empty(), "{log}");
+    let calls = nccl_calls_between(&log, aborts::ABORTING, aborts::ABORTED);
+    assert!(!calls.contains(&"ncclGroupStart"), "{calls:?}");
+}
+
+/// Prints a child's `abort-case:` lines (run with --nocapture to see them; docs/perf/reliability.md).
+fn print_cases(log: &str) {
+    for line in log.lines().filter(|l| l.starts_with("abort-case:")) {
+        println!("{line}");
+    }
 }
 
 #[test]

@@ -16,6 +16,11 @@
 //!   communicator (hypercomm's default) returns from every call at once, so this is prompt; a blocking one
 //!   stuck inside NCCL stays stuck until NCCL returns, as nothing can stop it safely from another thread.
 //!
+//! A failure domain's abort stops all its members at once (`failure::abort`): this communicator takes part by
+//! giving up its handle under the mutex ([`Detached`], with every other NCCL communicator of the domain freed
+//! in one NCCL group from NCCL 2.22: see `abort` for why), or, with a call inside NCCL, by the same revoke and
+//! abort on the way out as above, never inside the group.
+//!
 //! Every operation is numbered in the communicator's flight recorder (`flight`), which is written out when the
 //! communicator breaks; a timeout first asks the peers how far they got (`behind`), to name the rank behind.
 //!
@@ -35,69 +40,19 @@ use cudarc::driver::CudaEvent;
 use nccl_sys::sys::ncclRedOp_t;
 use nccl_sys::{Function, Nccl, NcclError};
 
+use super::abort::Detached;
+use super::backoff::Backoff;
 use super::flight::FlightRecorder;
 use super::raw::{self, CommHandle, Progress};
 use crate::element::{DType, ReduceOp, Scalar};
 use crate::error::RootCause;
-use crate::failure::Member;
+use crate::failure::{Member, STOP_TRY, Step};
 use crate::{CommError, FailureDomain};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Critical sections only read or replace a value; a poisoned lock still holds a consistent one.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
-
-/// How long a wait re-polls at once, on the CPU it has. An enqueue that answers `ncclInProgress`, or a small
-/// collective's event, usually settles within microseconds, while the shortest `thread::sleep` costs the kernel's
-/// timer slack (about 50 µs on Linux): sleeping from the first poll multiplies a two-rank all-reduce's host time
-/// several times over (the GPU figures are in `docs/perf/nccl.md`). `yield_now` is no better on a busy machine: it
-/// hands the core to another runnable thread for a whole time slice.
-const SPIN: Duration = Duration::from_micros(50);
-
-/// After [`SPIN`], how long a wait yields the core between polls before it starts to sleep.
-const YIELD: Duration = Duration::from_micros(500);
-
-/// Spin-loop hints between two polls while spinning: a few hundred nanoseconds (a `pause` takes 10-140 cycles
-/// depending on the CPU), so that a wait notices NCCL settling within about that. 64 of them took up to 4 us on
-/// CPUs with a slow `pause`, which a call that settles in a few microseconds pays on every wait.
-const SPIN_PAUSES: u32 = 8;
-
-/// Paces the polls of one bounded wait: spin for [`SPIN`], yield until [`YIELD`], then sleep with doubling
-/// pauses up to `max`.
-pub(crate) struct Backoff {
-    started: Instant,
-    pause: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(max: Duration) -> Backoff {
-        Backoff {
-            started: Instant::now(),
-            pause: Duration::from_micros(5),
-            max,
-        }
-    }
-
-    /// Waits before the next poll.
-    pub(crate) fn pause(&mut self) {
-        let waited = self.started.elapsed();
-        if waited < SPIN {
-            for _ in 0..SPIN_PAUSES {
-                std::hint::spin_loop();
-            }
-        } else if waited < YIELD {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(self.pause);
-            self.pause = (self.pause * 2).min(self.max);
-        }
-    }
-}
-
-/// How long a stopper tries for the handle's mutex before it leaves the abort to the call inside NCCL: longer
-/// than a non-blocking call takes, short enough not to hold up the watchdog.
-const STOP_TRY: Duration = Duration::from_millis(50);
 
 /// How long a thread that times out while another thread is settling the same timeout waits for that one.
 const SETTLING_WAIT: Duration = Duration::from_secs(10);
@@ -115,6 +70,9 @@ pub(crate) struct NcclComm {
     live: Mutex<Option<CommHandle>>,
     /// Revoked already (a revoke is made once).
     revoked: AtomicBool,
+    /// A stopper gave up waiting for the call inside NCCL: that call aborts the communicator on its way out, and
+    /// later stoppers need not wait for it again.
+    left_to_call: AtomicBool,
     /// A thread is settling a timeout (the exchange with the peers takes a moment; one thread makes it).
     settling: AtomicBool,
     /// The timeout is settled: recorded in the domain, every member stopped. A waiter that meets the timeout while
@@ -161,6 +119,7 @@ impl NcclComm {
             created: Mutex::new(Vec::new()),
             live: Mutex::new(Some(handle)),
             revoked: AtomicBool::new(false),
+            left_to_call: AtomicBool::new(false),
             settling: AtomicBool::new(false),
             settled: AtomicBool::new(false),
             broken: OnceLock::new(),
@@ -498,7 +457,14 @@ impl NcclComm {
     /// Aborts now if no call is inside NCCL; otherwise revokes (where NCCL has it) and leaves the abort to the
     /// call, which makes it on its way out of [`with_handle`](Self::with_handle). `broken` is set already.
     fn stop_work(&self) {
-        let deadline = Instant::now() + STOP_TRY;
+        // When an earlier stop left the abort to a call inside NCCL, one try is enough: that call aborts on its way
+        // out (and was revoked where NCCL can), unless it has returned already.
+        let wait = if self.left_to_call.load(Ordering::Acquire) {
+            Duration::ZERO
+        } else {
+            STOP_TRY
+        };
+        let deadline = Instant::now() + wait;
         let mut backoff = Backoff::new(Duration::from_millis(2));
         // Bounded by the deadline.
         loop {
@@ -509,6 +475,13 @@ impl NcclComm {
                 Err(TryLockError::WouldBlock) => break,
             }
         }
+        self.leave_to_call();
+    }
+
+    /// Leaves the abort to the call inside NCCL, which makes it on its way out of [`with_handle`](Self::with_handle),
+    /// and revokes the communicator where NCCL has `ncclCommRevoke`, so that the call returns.
+    fn leave_to_call(&self) {
+        self.left_to_call.store(true, Ordering::Release);
         self.revoke();
     }
 
@@ -527,16 +500,24 @@ impl NcclComm {
 
     /// Aborts the communicator with the handle's mutex held (`guard`): no call is inside NCCL.
     fn abort_locked(&self, guard: &mut Option<CommHandle>) {
-        let Some(h) = guard.take() else {
-            return;
-        };
-        // No revoke runs past this point on a freed communicator.
+        if let Some(detached) = self.detach_locked(guard) {
+            detached.abort();
+        }
+    }
+
+    /// Takes the handle for an abort with the handle's mutex held (`guard`), so that no call and no revoke of this
+    /// communicator uses it again; `None` when it was taken already.
+    fn detach_locked(&self, guard: &mut Option<CommHandle>) -> Option<Detached> {
+        let h = guard.take()?;
+        // No revoke runs past this point on a communicator about to be freed.
         lock(&self.live).take();
         // ncclCommAbort frees the created reductions with the communicator.
         lock(&self.created).clear();
-        if let Err(e) = raw::abort(self.nccl(), h) {
-            tracing::warn!(comm = %self.name, error = %e, "ncclCommAbort failed");
-        }
+        Some(Detached::new(
+            Arc::clone(&self.runtime),
+            h,
+            self.name.clone(),
+        ))
     }
 }
 
@@ -586,6 +567,29 @@ impl TimedOut {
 impl Member for NcclComm {
     fn abort_with(&self, cause: &str) {
         self.stop(cause);
+    }
+
+    /// Breaks the communicator; gives up its handle for the domain to free with the others when no call is inside
+    /// NCCL, [`Step::Busy`] while one is.
+    fn try_stop(&self, cause: &str) -> Step {
+        self.mark_broken(cause.to_owned());
+        let detached = match self.handle.try_lock() {
+            Ok(mut guard) => self.detach_locked(&mut guard),
+            Err(TryLockError::Poisoned(p)) => self.detach_locked(&mut p.into_inner()),
+            // An earlier stop left the abort to the call inside: it makes it on its way out.
+            Err(TryLockError::WouldBlock) if self.left_to_call.load(Ordering::Acquire) => {
+                return Step::Stopped;
+            }
+            Err(TryLockError::WouldBlock) => return Step::Busy,
+        };
+        match detached {
+            Some(d) => Step::Joint(Box::new(d)),
+            None => Step::Stopped,
+        }
+    }
+
+    fn leave_to_call(&self) {
+        NcclComm::leave_to_call(self);
     }
 }
 

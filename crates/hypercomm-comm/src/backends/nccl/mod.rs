@@ -2,8 +2,8 @@
 //! `nccl-sys` (the runtime-loaded NCCL API).
 //!
 //! Layers, as in cudarc: [`raw`] is every NCCL call as a `Result` (all the `unsafe` NCCL calls are there);
-//! [`comm`] owns one communicator (serialised calls, polling, abort on timeout, release on drop); the rest is safe
-//! code. Using it:
+//! [`comm`] owns one communicator (serialised calls, polling, abort on timeout, release on drop), and [`abort`]
+//! frees one its owner let go of, alone or in one NCCL group with others; the rest is safe code. Using it:
 //!
 //! 1. [`probe::DeviceRuntime::probe`]: is there a driver, a device, an NCCL? Any "no" is
 //!    [`CommError::Unavailable`](crate::CommError::Unavailable); nothing panics.
@@ -18,6 +18,8 @@
 //!    the communicator and its failure domain, naming the rank behind where the ranks' progress shows one
 //!    ([`behind`]).
 
+pub(crate) mod abort;
+pub(crate) mod backoff;
 pub(crate) mod behind;
 pub(crate) mod comm;
 pub(crate) mod communicator;

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
 
-use super::super::comm::{Backoff, NcclComm};
+use super::super::backoff::Backoff;
+use super::super::comm::NcclComm;
 use super::super::events::SharedEvent;
 use super::super::gpu::{DeviceBuffer, Gpu, cuda_err};
 use super::group::Deferred;
