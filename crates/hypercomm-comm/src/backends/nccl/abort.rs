@@ -17,9 +17,10 @@
 //! running on the device. A kernel of another communicator, waiting for a peer that will never come, holds that
 //! abort until its own communicator is aborted, which a one-at-a-time abort in the wrong order never reaches
 //! (NVIDIA/nccl issue 1013; pytorch/pytorch issue 119797, and PR 150690, where a receive on one communicator and a
-//! send on another, on one stream, hung their aborts one at a time in one order). In one group every flag is raised before anything is freed. A split child that
-//! shares its parent's resources (`splitShare`) shares its abort flag too, so aborting either stops the other's
-//! work; their shared resources go with the last of them (`src/init.cc`, `ncclCommInitChildComm`, `commFree`).
+//! send on another, on one stream, hung their aborts one at a time in one order). In one group every flag is
+//! raised before anything is freed. A split child that shares its parent's resources (`splitShare`) shares its
+//! abort flag too, so aborting either stops the other's work; their shared resources go with the last of them
+//! (`src/init.cc`, `ncclCommInitChildComm`, `commFree`).
 
 use std::sync::Arc;
 
