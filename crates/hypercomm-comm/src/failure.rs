@@ -10,14 +10,15 @@
 //! A rank that times out first writes a *provisional* record (the ranks it waits for) before looking for records
 //! itself: a missing rank that leaves one was alive and stuck on a failure of its own (its communicator was waiting
 //! for a stopped rank, say), so a reader follows it one more hop to the rank really at fault instead of blaming
-//! the stuck survivor. Disagreements are recorded too (without aborting: the communicator stays usable), so ranks
+//! the stuck survivor; when the provisional records lead back to where they started through three ranks or more,
+//! the root cause is that cycle of waits, the same on every rank of it ([`cycle`]). Disagreements are recorded too (without aborting: the communicator stays usable), so ranks
 //! that see the disagreeing ranks exit afterwards report the disagreement.
 //!
 //! A communicator made alone has a domain of its own, keyed under `comm/<name>/failure`. A
 //! `ProcessGroupCollection` gives all its communicators one shared domain (through [`CommOptions`]), keyed under
 //! the collection: a rank whose communicator fails records the root cause once and aborts **every** communicator
-//! of the domain, host and NCCL, so its peers in other groups stop too and find the same record. No global state: the domain is
-//! an object passed in; two collections in one process have two.
+//! of the domain, host and NCCL, so its peers in other groups stop too and find the same record. No global state:
+//! the domain is an object passed in; two collections in one process have two.
 //!
 //! The NCCL halves are members too. A device communicator made with a domain in its options (a collection with a
 //! GPU makes each one so) registers itself as a [`Member`]: a failure of a host communicator aborts it as well
@@ -559,72 +560,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Maps `error`'s ranks from positions within the communicator to member ids (`members[position]`) and fills in
-/// the members. Errors that already carry their members are left alone.
-pub(crate) fn to_members(error: CommError, members: &[usize]) -> CommError {
-    let id = |p: usize| members.get(p).copied().unwrap_or(p);
-    let ids = |ps: Vec<usize>| ps.into_iter().map(id).collect::<Vec<_>>();
-    match error {
-        CommError::Timeout {
-            comm,
-            members: m,
-            missing,
-            after,
-            during,
-            cause,
-        } if m.is_empty() => CommError::Timeout {
-            comm,
-            members: members.to_vec(),
-            missing: ids(missing),
-            after,
-            during,
-            cause,
-        },
-        CommError::PeerDied {
-            comm,
-            members: m,
-            ranks,
-            during,
-        } if m.is_empty() => CommError::PeerDied {
-            comm,
-            members: members.to_vec(),
-            ranks: ids(ranks),
-            during,
-        },
-        CommError::AbortedByPeer {
-            comm,
-            members: m,
-            by,
-            during,
-            lost,
-            cause,
-        } if m.is_empty() => CommError::AbortedByPeer {
-            comm,
-            members: members.to_vec(),
-            by: id(by),
-            during,
-            lost: ids(lost),
-            cause,
-        },
-        CommError::Mismatch {
-            comm,
-            members: m,
-            calls,
-            ..
-        } if m.is_empty() => {
-            let calls = calls
-                .into_iter()
-                .map(|c| Call {
-                    ranks: ids(c.ranks),
-                    call: c.call,
-                })
-                .collect();
-            CommError::mismatch(&comm, members.to_vec(), calls)
-        }
-        other => other,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -780,17 +715,5 @@ mod tests {
             PUBLISH_WAIT + abort::STOP_TRY + abort::STOP_WAIT,
             Duration::from_millis(1550)
         );
-    }
-
-    #[test]
-    fn positions_become_member_ids() {
-        let e = to_members(CommError::peer_died("dp/0", vec![1], "all_reduce"), &[0, 2]);
-        assert_eq!(e.lost_ranks(), [2]);
-        assert_eq!(
-            e.to_string(),
-            "communicator dp/0 (members [0, 2]): rank(s) [2] died (in all_reduce)"
-        );
-        // Already converted: left alone.
-        assert_eq!(to_members(e, &[7, 9]).lost_ranks(), [2]);
     }
 }

@@ -42,6 +42,7 @@ mod error;
 mod failure;
 pub mod host_buffer;
 mod host_work;
+mod member_ids;
 mod nccl_options;
 mod op;
 mod options;

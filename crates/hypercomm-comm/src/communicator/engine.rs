@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crate::CommError;
 use crate::backend::Backend;
-use crate::failure::{self, Context, FailureDomain};
+use crate::failure::{Context, FailureDomain};
+use crate::member_ids;
 
 /// The progress thread's state: the backend, whether the communicator is broken, and where to report a failure.
 pub(super) struct Engine {
@@ -38,7 +39,7 @@ impl Engine {
             ));
         }
         f(self.backend.as_mut()).map_err(|e| {
-            let e = failure::to_members(e, &self.members);
+            let e = member_ids::to_members(e, &self.members);
             let fatal = e.is_fatal();
             if fatal {
                 // Broken first, so that the domain's abort of its other communicators passes this one by.

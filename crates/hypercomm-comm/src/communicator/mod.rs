@@ -40,8 +40,9 @@ use crate::backends::nccl::communicator::group::GroupMark;
 use crate::backends::nccl::communicator::{DeviceCommunicator, DeviceWork};
 use crate::backends::nccl::gpu::Gpu;
 use crate::element::Element;
-use crate::failure::{self, Context, FailureDomain, Member, Step};
+use crate::failure::{Context, FailureDomain, Member, Step};
 use crate::host_work::{Completer, HostWork, RunInline, pair};
+use crate::member_ids;
 use crate::op::{Group, Message, Op};
 use crate::options::CommOptions;
 
@@ -318,7 +319,7 @@ impl Communicator {
         };
         let backend: Box<dyn Backend> = Box::new(
             HostBackend::connect(store.as_ref(), ranks.len(), rank, &options)
-                .map_err(|e| domain.settle(failure::to_members(e, &ranks), &cx))?,
+                .map_err(|e| domain.settle(member_ids::to_members(e, &ranks), &cx))?,
         );
         let transport = backend.transport_name();
         let windows = backend.symmetric_windows();
