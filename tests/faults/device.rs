@@ -84,6 +84,8 @@ pub fn run(
             .and_then(|b| b.download());
         assert_eq!(sum.unwrap(), [n as f32]);
     }
+    // The victim reports its own failure as faulty, the others what they saw.
+    let tag = if me == victim { "FAULTY" } else { "SEEN" };
     let start = Instant::now();
     match case {
         "device_never_calls" => {
@@ -124,12 +126,7 @@ pub fn run(
             };
             let result = second.and_then(|w| w.wait());
             all_stopped(&pgc, me, Duration::from_secs(5));
-            report(
-                &pgc,
-                if me == victim { "FAULTY" } else { "SEEN" },
-                start,
-                result,
-            )
+            report(&pgc, tag, start, result)
         }
         "device_async_error" => {
             // The victim's world communicator fails asynchronously at its third operation
@@ -158,12 +155,7 @@ pub fn run(
                     .map(drop),
             };
             all_stopped(&pgc, me, Duration::from_secs(5));
-            report(
-                &pgc,
-                if me == victim { "FAULTY" } else { "SEEN" },
-                start,
-                result,
-            )
+            report(&pgc, tag, start, result)
         }
         "device_cycle" => {
             // A ring of pipeline stages, each sending to the next and then receiving from the previous as two

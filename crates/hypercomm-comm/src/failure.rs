@@ -49,6 +49,7 @@ mod cycle;
 mod record;
 
 pub(crate) use abort::{JointStop, Member, STOP_TRY, Step};
+pub(crate) use cycle::from_lowest;
 use record::{Record, decode, encode};
 
 /// How long a failing rank waits for its failure record to reach the store before going on anyway.

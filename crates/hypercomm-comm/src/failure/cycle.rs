@@ -58,22 +58,29 @@ pub(crate) fn find(
     None
 }
 
-/// The root cause of the cycle `cycle` (each rank with its provisional record, each waiting for the next and the
-/// last for the first), as rank `me` reports it.
-fn told(me: usize, mut cycle: Vec<(usize, RootCause)>) -> RootCause {
+/// Turns `cycle` (ranks, each with where it stands, each waiting for the next and the last for the first) to start
+/// at its lowest rank, so that every rank on it tells it alike; returns its ranks, ascending.
+pub(crate) fn from_lowest<T>(cycle: &mut [(usize, T)]) -> Vec<usize> {
     let lowest = cycle
         .iter()
         .enumerate()
         .min_by_key(|(_, (r, _))| *r)
         .map_or(0, |(i, _)| i);
     cycle.rotate_left(lowest);
+    let mut ranks: Vec<usize> = cycle.iter().map(|(r, _)| *r).collect();
+    ranks.sort_unstable();
+    ranks
+}
+
+/// The root cause of the cycle `cycle` (each rank with its provisional record, each waiting for the next and the
+/// last for the first), as rank `me` reports it.
+fn told(me: usize, mut cycle: Vec<(usize, RootCause)>) -> RootCause {
+    let ranks = from_lowest(&mut cycle);
     let steps: Vec<String> = cycle
         .iter()
         .map(|(r, c)| format!("rank {r} (in {}) waits for rank {}", c.detail, c.ranks[0]))
         .collect();
     let comm = cycle[0].1.comm.clone();
-    let mut ranks: Vec<usize> = cycle.iter().map(|(r, _)| *r).collect();
-    ranks.sort_unstable();
     RootCause {
         ranks,
         fault: Fault::Deadlocked,

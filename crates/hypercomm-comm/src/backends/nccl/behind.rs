@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use super::flight::{FlightEntry, FlightRecord};
 use crate::CommError;
 use crate::error::{Call, Fault, RootCause};
-use crate::failure::{FailureDomain, stuck_wait};
+use crate::failure::{FailureDomain, from_lowest, stuck_wait};
 
 /// One operation as the ranks compare it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,6 +181,17 @@ pub(crate) fn diagnose(
     }
 }
 
+/// What rank `me` finds on `comm`: a root cause blaming `ranks` for `fault`, with `detail`.
+fn blame(comm: &str, me: usize) -> impl Fn(Vec<usize>, Fault, String) -> RootCause + '_ {
+    move |ranks, fault, detail| RootCause {
+        ranks,
+        fault,
+        comm: comm.to_owned(),
+        seen_by: me,
+        detail,
+    }
+}
+
 /// Who is to blame for this rank (`me`, with progress `mine`) being stuck on `comm`, from the peers' progress
 /// (`None`: no record within the wait). `members` in member order.
 pub(crate) fn analyse(
@@ -195,13 +206,7 @@ pub(crate) fn analyse(
         return waits(comm, me, mine, peers);
     }
     let k = at.seq;
-    let cause = |ranks: Vec<usize>, fault: Fault, detail: String| RootCause {
-        ranks,
-        fault,
-        comm: comm.to_owned(),
-        seen_by: me,
-        detail,
-    };
+    let cause = blame(comm, me);
     let op = format!("op #{k} {} on {comm}", at.call);
     let dead: Vec<usize> = peers
         .iter()
@@ -315,13 +320,7 @@ fn waits(
         peers.iter().find(|(p, _)| *p == r).map(|(_, p)| p.as_ref())
     };
     let first = mine.stuck_at()?;
-    let cause = |ranks: Vec<usize>, fault: Fault, detail: String| RootCause {
-        ranks,
-        fault,
-        comm: comm.to_owned(),
-        seen_by: me,
-        detail,
-    };
+    let cause = blame(comm, me);
     let mut chain: Vec<(usize, Mark)> = vec![(me, first)];
     // Each step adds a rank not on the chain yet, so the walk ends within one step per member.
     loop {
@@ -365,19 +364,12 @@ fn waits(
         if let Some(start) = chain.iter().position(|(r, _)| *r == next) {
             let mut cycle: Vec<(usize, Mark)> = chain.split_off(start);
             // Every rank on the cycle starts its account at the lowest rank, so all of them say the same.
-            let lowest = cycle
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, (r, _))| *r)
-                .map_or(0, |(i, _)| i);
-            cycle.rotate_left(lowest);
+            let ranks = from_lowest(&mut cycle);
             let steps: Vec<String> = cycle
                 .iter()
                 .map(|(r, m)| format!("rank {r} at {}", m.describe()))
                 .collect();
-            let mut ranks: Vec<usize> = cycle.iter().map(|(r, _)| *r).collect();
-            let back = ranks[0];
-            ranks.sort_unstable();
+            let back = cycle[0].0;
             return Some(cause(
                 ranks,
                 Fault::Deadlocked,
