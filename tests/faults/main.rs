@@ -458,8 +458,9 @@ fn start_store() -> (Child, String) {
 }
 
 /// Runs one case; returns the table row or what went wrong.
-/// A passing case: the fastest and slowest time to error, the job's wall time, and a sample error.
-type Row = (u128, u128, f64, String);
+/// A passing case: the fastest and slowest time to error, the job's wall time, whom the first survivor blames
+/// (`lost_ranks()` and `culprits()`) and its error.
+type Row = (u128, u128, f64, String, String);
 
 /// Whether rank `rank` left a flight record for each NCCL communicator it had (`seen.flights`), holding as many
 /// operations as the communicator numbered, and the failure that stopped it.
@@ -537,7 +538,7 @@ fn run(case: &Case) -> Result<Row, String> {
     }
     let comm = format!("fault-{}", case.name);
     let mut times = Vec::new();
-    let mut sample = String::new();
+    let (mut sample, mut blamed) = (String::new(), String::new());
     let mut pids = Vec::new();
     for outcome in &report.ranks {
         let seen = parse(&outcome.stdout);
@@ -611,6 +612,11 @@ fn run(case: &Case) -> Result<Row, String> {
         }
         if !victim && sample.is_empty() {
             sample = seen.err.clone();
+            blamed = format!(
+                "{:?} / {:?}",
+                seen.lost.clone().unwrap_or_default(),
+                seen.culprits.clone().unwrap_or_default()
+            );
         }
         times.push(ms);
     }
@@ -636,7 +642,7 @@ fn run(case: &Case) -> Result<Row, String> {
         times.iter().copied().min().unwrap_or(0),
         times.iter().copied().max().unwrap_or(0),
     );
-    Ok((min, max, job.as_secs_f64(), sample))
+    Ok((min, max, job.as_secs_f64(), blamed, sample))
 }
 
 #[test]
@@ -651,22 +657,23 @@ fn every_fault_ends_in_a_named_error_within_the_timeout() {
     });
     for case in chosen {
         match run(&case) {
-            Ok((min, max, job, err)) => rows.push(format!(
-                "| {} | {} | {min}-{max} | {job:.1} | {} |",
+            Ok((min, max, job, blamed, err)) => rows.push(format!(
+                "| {} | {} | {min}-{max} | {job:.1} | {blamed} | {} |",
                 case.name,
                 case.what,
                 err.chars().take(110).collect::<String>().replace('|', "/")
             )),
             Err(e) => {
-                rows.push(format!("| {} | {} | FAILED | | |", case.name, case.what));
+                rows.push(format!("| {} | {} | FAILED | | | |", case.name, case.what));
                 failures.push(format!("{}: {e}", case.name));
             }
         }
     }
     let table = format!(
         "fault cases ({RANKS} ranks, timeout {TIMEOUT:?}, bound timeout + {MARGIN:?}):\n\n\
-         | case | fault | time to error (ms, min-max over reporting ranks) | job (s) | first survivor's error |\n\
-         |---|---|---|---|---|\n{}\n",
+         | case | fault | time to error (ms, min-max over reporting ranks) | job (s) | first survivor blames \
+         (lost / culprits) | first survivor's error |\n\
+         |---|---|---|---|---|---|\n{}\n",
         rows.join("\n")
     );
     println!("\n{table}");
