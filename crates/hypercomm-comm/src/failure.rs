@@ -61,10 +61,6 @@ pub(crate) const FETCH_WAIT: Duration = Duration::from_millis(1500);
 /// How long a rank that saw peers vanish waits, in all, for their failure records (written before they exited).
 pub(crate) const MESSENGER_WAIT: Duration = Duration::from_millis(1000);
 
-/// How long a rank that timed out, waiting for a rank that was stuck too, reads the records along the chain of
-/// waits for a cycle: the records of a cycle are there by then, so this bounds only the walk that finds no cycle.
-pub(crate) const CYCLE_WAIT: Duration = Duration::from_millis(250);
-
 /// How long a rank that timed out waits for the records of the ranks it was waiting for: they time out on their
 /// own failure at about the same moment, give or take the skew between the ranks' waits.
 pub(crate) fn stuck_wait(timeout: Duration) -> Duration {
@@ -295,12 +291,13 @@ impl FailureDomain {
         }
     }
 
-    /// The cycle of waits this rank is on, stuck as `mine` says, in a communicator of `size` ranks, when the
-    /// ranks' provisional records show one (`cycle`). Its records are all there by now (each rank on a cycle
-    /// records its wait as it times out, and this rank has already read two of them), so the walk reads for
-    /// [`CYCLE_WAIT`] at most.
-    fn cycle(&self, mine: RootCause, size: usize) -> Option<RootCause> {
-        let deadline = Instant::now() + CYCLE_WAIT;
+    /// The cycle of waits this rank is on, stuck as `mine` says, in a communicator of `size` ranks with timeout
+    /// `timeout`, when the ranks' provisional records show one (`cycle`). Each rank on a cycle records its wait as
+    /// it times out, at about the same moment as this one, give or take the skew between the ranks' waits: the
+    /// walk reads for [`stuck_wait`] at most, which only a chain that is no cycle (ending at a rank without a
+    /// record) spends in full.
+    fn cycle(&self, mine: RootCause, size: usize, timeout: Duration) -> Option<RootCause> {
+        let deadline = Instant::now() + stuck_wait(timeout);
         cycle::find(
             self.me,
             &mine,
@@ -367,7 +364,7 @@ impl FailureDomain {
                     // The rank waited for was stuck too: perhaps every rank of a cycle waits for the next.
                     Resolution::Recorded(by, c) if c.fault == Fault::Missing => {
                         let mine = own(missing.clone(), Fault::Missing, during.clone());
-                        match self.cycle(mine, members.len()) {
+                        match self.cycle(mine, members.len(), cx.timeout) {
                             Some(cycle) => Resolution::Recorded(by, cycle),
                             None => Resolution::Recorded(by, c),
                         }
