@@ -325,41 +325,44 @@ fn waits(
     // Each step adds a rank not on the chain yet, so the walk ends within one step per member.
     loop {
         let (rank, at) = chain.last()?.clone();
-        let hold = hold_up(rank, &at, &progress_of)?;
-        let Hold::Waits { next, at: theirs } = hold else {
-            let route: Vec<String> = chain
+        // The chain so far, for a wait that ends off it.
+        let route = || {
+            let steps: Vec<String> = chain
                 .iter()
                 .map(|(r, m)| format!("rank {r} at {}", m.describe()))
                 .collect();
-            let route = route.join(", which waits for ");
-            let (r, fault, what) = match hold {
-                Hold::Dead(r) => (
-                    r,
+            steps.join(", which waits for ")
+        };
+        let (next, theirs) = match hold_up(rank, &at, &progress_of)? {
+            Hold::Waits { next, at } => (next, at),
+            Hold::Dead(r) => {
+                return Some(cause(
+                    vec![r],
                     Fault::Died,
-                    "left no progress record within the wait: dead, or stuck outside hypercomm"
-                        .to_owned(),
-                ),
-                Hold::Behind(r) => {
-                    let last = progress_of(r)
-                        .flatten()
-                        .and_then(|p| p.started.as_ref())
-                        .map_or_else(
-                            || "it started none".to_owned(),
-                            |m| format!("it last started {}", m.describe()),
-                        );
-                    (
-                        r,
-                        Fault::Missing,
-                        format!("never reached the counterpart ({last})"),
-                    )
-                }
-                Hold::Waits { .. } => return None,
-            };
-            return Some(cause(
-                vec![r],
-                fault,
-                format!("on {comm}: {route}, which waits for rank {r}, which {what}"),
-            ));
+                    format!(
+                        "on {comm}: {}, which waits for rank {r}, which left no progress record within the \
+                         wait: dead, or stuck outside hypercomm",
+                        route()
+                    ),
+                ));
+            }
+            Hold::Behind(r) => {
+                let last = progress_of(r)
+                    .flatten()
+                    .and_then(|p| p.started.as_ref())
+                    .map_or_else(
+                        || "it started none".to_owned(),
+                        |m| format!("it last started {}", m.describe()),
+                    );
+                return Some(cause(
+                    vec![r],
+                    Fault::Missing,
+                    format!(
+                        "on {comm}: {}, which waits for rank {r}, which never reached the counterpart ({last})",
+                        route()
+                    ),
+                ));
+            }
         };
         if let Some(start) = chain.iter().position(|(r, _)| *r == next) {
             let mut cycle: Vec<(usize, Mark)> = chain.split_off(start);
