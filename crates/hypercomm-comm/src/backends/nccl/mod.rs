@@ -29,8 +29,10 @@ pub(crate) mod flight;
 pub(crate) mod gpu;
 pub(crate) mod placement;
 pub(crate) mod probe;
+pub(crate) mod progress;
 pub(crate) mod raw;
 pub(crate) mod unique_id;
+pub(crate) mod waits;
 pub(crate) mod watchdog;
 
 pub use probe::DeviceRuntime;
