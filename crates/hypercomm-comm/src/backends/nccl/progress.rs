@@ -94,6 +94,7 @@ impl Progress {
             .map(|m| m.call.as_str())
     }
 
+    /// The number of the last operation it started (0: none).
     pub(crate) fn last_started(&self) -> u64 {
         self.started.as_ref().map_or(0, |m| m.seq)
     }
