@@ -13,7 +13,7 @@ use hypercomm_comm::device::{DeviceBuffer, Gpu};
 use hypercomm_comm::{CommError, Element};
 
 use crate::execute::error::ExecError;
-use crate::execute::shards::{StagedShards, outside, short_message};
+use crate::execute::shards::{ShardSide, StagedShards, placed};
 use crate::{PlanParam, Runs};
 
 /// This rank's shards as device buffers indexed by plan index (an empty buffer for a parameter the rank does not
@@ -88,21 +88,14 @@ impl<T: Element> StagedShards for DeviceShards<'_, T> {
         param: &PlanParam,
         runs: &Runs,
         out: &mut DeviceBuffer<u8>,
-        mut at: usize,
+        at: usize,
     ) -> Result<(), ExecError> {
         let shard = self.shard(index, param)?;
         let shard_len = shard.len() * T::DTYPE.size();
-        for (src, _, len) in runs.iter() {
-            let (src, len) = (src as usize, len as usize);
-            if src + len > shard_len {
-                return Err(outside(param, src + len, shard_len));
-            }
-            if at + len > out.len() {
-                return Err(short_message(param, out.len(), at + len));
-            }
-            out.copy_range_from(shard, src, at, len, &self.stream)
+        for run in placed(param, runs, ShardSide::Source, shard_len, out.len(), at) {
+            let run = run?;
+            out.copy_range_from(shard, run.shard, run.message, run.len, &self.stream)
                 .map_err(device(param))?;
-            at += len;
         }
         Ok(())
     }
@@ -113,7 +106,7 @@ impl<T: Element> StagedShards for DeviceShards<'_, T> {
         param: &PlanParam,
         runs: &Runs,
         message: &DeviceBuffer<u8>,
-        mut at: usize,
+        at: usize,
     ) -> Result<(), ExecError> {
         let have = self.shards.len();
         let shard = self
@@ -121,18 +114,18 @@ impl<T: Element> StagedShards for DeviceShards<'_, T> {
             .get_mut(index)
             .ok_or_else(|| missing(index, param, have))?;
         let shard_len = shard.len() * T::DTYPE.size();
-        for (_, dst, len) in runs.iter() {
-            let (dst, len) = (dst as usize, len as usize);
-            if dst + len > shard_len {
-                return Err(outside(param, dst + len, shard_len));
-            }
-            if at + len > message.len() {
-                return Err(short_message(param, message.len(), at + len));
-            }
+        for run in placed(
+            param,
+            runs,
+            ShardSide::Destination,
+            shard_len,
+            message.len(),
+            at,
+        ) {
+            let run = run?;
             shard
-                .copy_range_from(message, at, dst, len, &self.stream)
+                .copy_range_from(message, run.message, run.shard, run.len, &self.stream)
                 .map_err(device(param))?;
-            at += len;
         }
         Ok(())
     }

@@ -86,7 +86,7 @@ pub trait StagedShards {
 }
 
 /// The error for a run ending past a shard of the checked size (a plan built for other shardings).
-pub(crate) fn outside(param: &PlanParam, end: usize, len: usize) -> ExecError {
+fn outside(param: &PlanParam, end: usize, len: usize) -> ExecError {
     ExecError::Buffers {
         name: param.name.clone(),
         why: format!(
@@ -96,11 +96,66 @@ pub(crate) fn outside(param: &PlanParam, end: usize, len: usize) -> ExecError {
 }
 
 /// The error for a run past the end of a staging buffer (a message shorter than its transfers).
-pub(crate) fn short_message(param: &PlanParam, len: usize, end: usize) -> ExecError {
+fn short_message(param: &PlanParam, len: usize, end: usize) -> ExecError {
     ExecError::Buffers {
         name: param.name.clone(),
         why: format!("a message of {len} bytes ends before byte {end}"),
     }
+}
+
+/// Which side of a transfer's runs a shard is: the sender's (runs read from their `src` offsets) or the
+/// receiver's (written at their `dst` offsets).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ShardSide {
+    /// Packing a message: the runs' sources.
+    Source,
+    /// Unpacking a message: the runs' destinations.
+    Destination,
+}
+
+/// One run of a transfer placed in a shard and in a message, in bytes; both ranges checked.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placed {
+    /// Where the run starts in the shard.
+    pub shard: usize,
+    /// Where it starts in the message.
+    pub message: usize,
+    /// Its length.
+    pub len: usize,
+}
+
+/// The runs of `runs` in order, each placed in the shard (its `side`'s offset) and in the message (back to back
+/// from byte `at`), and checked before it is handed out: the shard's range within `shard_len` bytes (else
+/// [`outside`]), then the message's within `message_len` (else [`short_message`]). Every pack and unpack walks
+/// its runs through this, whatever it copies with.
+pub(crate) fn placed<'a>(
+    param: &'a PlanParam,
+    runs: &'a Runs,
+    side: ShardSide,
+    shard_len: usize,
+    message_len: usize,
+    mut at: usize,
+) -> impl Iterator<Item = Result<Placed, ExecError>> + 'a {
+    runs.iter().map(move |(src, dst, len)| {
+        let shard = match side {
+            ShardSide::Source => src,
+            ShardSide::Destination => dst,
+        };
+        let (shard, len) = (shard as usize, len as usize);
+        if shard + len > shard_len {
+            return Err(outside(param, shard + len, shard_len));
+        }
+        if at + len > message_len {
+            return Err(short_message(param, message_len, at + len));
+        }
+        let run = Placed {
+            shard,
+            message: at,
+            len,
+        };
+        at += len;
+        Ok(run)
+    })
 }
 
 impl<S: ShardBuffers + ?Sized> StagedShards for S {
@@ -125,19 +180,15 @@ impl<S: ShardBuffers + ?Sized> StagedShards for S {
         param: &PlanParam,
         runs: &Runs,
         out: &mut Vec<u8>,
-        mut at: usize,
+        at: usize,
     ) -> Result<(), ExecError> {
+        let out_len = out.len();
         self.read_shard(index, param, &mut |shard| {
-            for (src, _, len) in runs.iter() {
-                let (src, len) = (src as usize, len as usize);
-                let run = shard
-                    .get(src..src + len)
-                    .ok_or_else(|| outside(param, src + len, shard.len()))?;
-                let out_len = out.len();
-                out.get_mut(at..at + len)
-                    .ok_or_else(|| short_message(param, out_len, at + len))?
-                    .copy_from_slice(run);
-                at += len;
+            for run in placed(param, runs, ShardSide::Source, shard.len(), out_len, at) {
+                let run = run?;
+                // Both ranges were checked by `placed`.
+                out[run.message..run.message + run.len]
+                    .copy_from_slice(&shard[run.shard..run.shard + run.len]);
             }
             Ok(())
         })
@@ -149,21 +200,22 @@ impl<S: ShardBuffers + ?Sized> StagedShards for S {
         param: &PlanParam,
         runs: &Runs,
         message: &Vec<u8>,
-        mut at: usize,
+        at: usize,
     ) -> Result<(), ExecError> {
         self.write_shard(index, param, &mut |shard| {
             let shard_len = shard.len();
-            for (_, dst, len) in runs.iter() {
-                let (dst, len) = (dst as usize, len as usize);
-                let into = shard
-                    .get_mut(dst..dst + len)
-                    .ok_or_else(|| outside(param, dst + len, shard_len))?;
-                into.copy_from_slice(
-                    message
-                        .get(at..at + len)
-                        .ok_or_else(|| short_message(param, message.len(), at + len))?,
-                );
-                at += len;
+            for run in placed(
+                param,
+                runs,
+                ShardSide::Destination,
+                shard_len,
+                message.len(),
+                at,
+            ) {
+                let run = run?;
+                // Both ranges were checked by `placed`.
+                shard[run.shard..run.shard + run.len]
+                    .copy_from_slice(&message[run.message..run.message + run.len]);
             }
             Ok(())
         })
@@ -254,5 +306,54 @@ impl<T: Element> ShardBuffers for Vec<Vec<T>> {
         f: &mut WriteShard<'_>,
     ) -> Result<(), ExecError> {
         self.as_mut_slice().write_shard(index, param, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn param() -> PlanParam {
+        PlanParam {
+            name: "w".into(),
+            shape: vec![16],
+            dtype: DType::U8,
+            bytes: 16,
+            source_parts: 1,
+            destination_parts: 1,
+            destination_ranks: 1,
+        }
+    }
+
+    /// The placements of `runs` as (shard, message, len), or the first error's text.
+    fn walk(
+        runs: &Runs,
+        side: ShardSide,
+        shard_len: usize,
+        message_len: usize,
+    ) -> Result<Vec<(usize, usize, usize)>, String> {
+        let p = param();
+        placed(&p, runs, side, shard_len, message_len, 2)
+            .map(|r| {
+                r.map(|r| (r.shard, r.message, r.len))
+                    .map_err(|e| e.to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn runs_are_placed_on_their_side_back_to_back_and_checked_in_order() {
+        let runs = Runs::contiguous(1, 5, 4);
+        assert_eq!(walk(&runs, ShardSide::Source, 8, 8), Ok(vec![(1, 2, 4)]));
+        assert_eq!(
+            walk(&runs, ShardSide::Destination, 9, 8),
+            Ok(vec![(5, 2, 4)])
+        );
+        // The shard's range is checked first, then the message's.
+        let e = walk(&runs, ShardSide::Destination, 8, 3).unwrap_err();
+        assert!(e.contains("ends at byte 9 of a shard of 8 bytes"), "{e}");
+        let e = walk(&runs, ShardSide::Source, 8, 5).unwrap_err();
+        assert!(e.contains("a message of 5 bytes ends before byte 6"), "{e}");
     }
 }
