@@ -3,10 +3,8 @@
 
 mod cli_support;
 
-use std::process::Command;
-
 use cli_support::scratch::Scratch;
-use cli_support::{hypercomm, text};
+use cli_support::{hypercomm, hypercomm_on_fake_gpu, json_file, text};
 
 /// A fresh scratch directory for one test, removed when the test ends.
 fn scratch(test: &str) -> Scratch {
@@ -42,8 +40,7 @@ fn host_bench_prints_a_row_per_size_and_writes_json_and_a_plot() {
         .filter_map(|r| r.split_whitespace().next())
         .collect();
     assert_eq!(sizes, ["64", "128", "256"], "{stdout}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = json_file(&json);
     assert_eq!(doc["backend"], "host");
     // Where the figures came from: the command line, when, and the machine's load.
     let measured = &doc["measured"];
@@ -145,8 +142,7 @@ fn unpinned_host_bench_lets_the_threads_float_and_says_so() {
         "{}",
         text(&out.stdout)
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = json_file(&json);
     assert_eq!(doc["placement"]["bound"], false);
     assert_eq!(doc["placement"]["requested"], "free");
     assert_eq!(doc["buffers"], "plain");
@@ -179,8 +175,7 @@ fn huge_page_buffers_are_asked_for_and_recorded() {
         stdout.contains("# buffers: advised to use 2 MiB pages"),
         "{stdout}"
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = json_file(&json);
     assert_eq!(doc["buffers"], "huge-page advice");
     assert!(doc["results"][0]["busbw_GBps"].as_f64().unwrap() > 0.0);
 }
@@ -208,8 +203,7 @@ fn symmetric_buffers_are_benchmarked_and_recorded() {
         stdout.contains("# buffers: symmetric, in each rank's window"),
         "{stdout}"
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = json_file(&json);
     assert_eq!(doc["buffers"], "symmetric");
     let rows = doc["results"].as_array().unwrap();
     assert_eq!(rows.len(), 11, "1 KiB to 1 MiB doubling: {doc}");
@@ -243,8 +237,7 @@ fn in_place_runs_and_the_algorithm_are_benchmarked_and_recorded() {
         let stdout = text(&out.stdout);
         assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
         assert!(stdout.contains("# algorithm: direct; in place"), "{stdout}");
-        let doc: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let doc = json_file(&json);
         assert_eq!(doc["in_place"], true, "{doc}");
         assert_eq!(doc["algorithm"], "direct", "{doc}");
         let rows = doc["results"].as_array().unwrap();
@@ -277,8 +270,7 @@ fn ranks_as_processes_are_launched_measured_and_recorded() {
         stdout.contains("reduce_scatter on 3 ranks (processes started by the launcher)"),
         "{stdout}"
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = json_file(&json);
     assert_eq!(doc["ranks_as"], "processes", "{doc}");
     let rows = doc["results"].as_array().unwrap();
     let bytes: Vec<u64> = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
@@ -367,8 +359,7 @@ fn nccl_bench_runs_on_a_gpu_or_says_what_is_missing() {
         return;
     }
     assert!(out.status.success(), "{stderr}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = json_file(&json);
     assert_eq!(doc["backend"], "nccl");
     assert_eq!(doc["results"].as_array().unwrap().len(), 8);
     let overhead = &doc["overhead"];
@@ -381,17 +372,9 @@ fn nccl_bench_runs_on_a_gpu_or_says_what_is_missing() {
 fn nccl_bench_runs_end_to_end_on_the_fake_driver() {
     // fake-gpu (a dev-dependency) is a single-rank, synchronous CUDA driver and NCCL on host memory: the numbers
     // mean nothing, but every step of the device bench and its output runs.
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .expect("test binaries live in target/<profile>/deps")
-        .to_path_buf();
-    let lib = deps.join("libfake_gpu.so");
-    assert!(lib.exists(), "{} is missing", lib.display());
     let dir = scratch("fake-driver");
-    std::os::unix::fs::symlink(&lib, dir.join("libcuda.so")).unwrap();
     let json = dir.join("fake.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_hypercomm"))
+    let out = hypercomm_on_fake_gpu(&dir, 1)
         .args([
             "bench",
             "--backend",
@@ -409,16 +392,13 @@ fn nccl_bench_runs_end_to_end_on_the_fake_driver() {
             "--json",
             json.to_str().unwrap(),
         ])
-        .env("LD_LIBRARY_PATH", &*dir)
-        .env("NCCL_LIBRARY", &lib)
         .output()
         .unwrap();
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("backend nccl 2.28.9"), "{stdout}");
     assert!(stdout.contains("ncclAllReduce directly"), "{stdout}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = json_file(&json);
     assert_eq!(doc["backend"], "nccl");
     let bytes: Vec<u64> = doc["results"]
         .as_array()
@@ -433,18 +413,9 @@ fn nccl_bench_runs_end_to_end_on_the_fake_driver() {
 #[test]
 fn collection_bench_builds_nccl_communicators_on_the_fake_driver() {
     // Eight ranks, one fake device each: every group of the full layout gets an NCCL communicator too.
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .expect("test binaries live in target/<profile>/deps")
-        .to_path_buf();
-    let lib = deps.join("libfake_gpu.so");
-    assert!(lib.exists(), "{} is missing", lib.display());
     let dir = scratch("fake-collection");
-    std::fs::create_dir_all(dir.join("exchange")).unwrap();
-    std::os::unix::fs::symlink(&lib, dir.join("libcuda.so")).unwrap();
     let json = dir.join("fake-collection.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_hypercomm"))
+    let out = hypercomm_on_fake_gpu(&dir, 8)
         .args([
             "bench",
             "--collection",
@@ -454,17 +425,12 @@ fn collection_bench_builds_nccl_communicators_on_the_fake_driver() {
             "1",
         ])
         .args(["--json", json.to_str().unwrap()])
-        .env("LD_LIBRARY_PATH", &*dir)
-        .env("NCCL_LIBRARY", &lib)
-        .env("FAKE_GPU_DEVICES", "8")
-        .env("FAKE_NCCL_DIR", dir.join("exchange"))
         .output()
         .unwrap();
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("backend nccl"), "{stdout}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = json_file(&json);
     let rows = doc["collection"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{doc}");
     assert_eq!(doc["measured"]["command"][2], "--collection", "{doc}");

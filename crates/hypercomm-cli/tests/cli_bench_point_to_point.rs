@@ -3,10 +3,8 @@
 
 mod cli_support;
 
-use std::process::Command;
-
 use cli_support::scratch::Scratch;
-use cli_support::{hypercomm, json_file as json, text};
+use cli_support::{hypercomm, hypercomm_on_fake_gpu, json_file as json, text};
 
 /// Every result row is `op` on 2 ranks at `bytes`, with busbw `factor` times algbw.
 fn check_rows(doc: &serde_json::Value, op: &str, bytes: &[u64], factor: f64) {
@@ -78,19 +76,10 @@ fn a_ring_of_one_rank_is_refused() {
 fn sendrecv_and_all_to_all_v_run_on_two_fake_devices() {
     // fake-gpu (a dev-dependency) stands in for the CUDA driver and NCCL on host memory: the figures mean nothing,
     // but the ring's batch and the all-to-all-v run through NCCL's send and receive, and what arrived is checked.
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .expect("test binaries live in target/<profile>/deps")
-        .to_path_buf();
-    let lib = deps.join("libfake_gpu.so");
-    assert!(lib.exists(), "{} is missing", lib.display());
     let dir = Scratch::new("bench-p2p", "fake-driver");
-    std::fs::create_dir_all(dir.join("exchange")).unwrap();
-    std::os::unix::fs::symlink(&lib, dir.join("libcuda.so")).unwrap();
     for (op, factor) in [("sendrecv", 1.0), ("all_to_all_v", 0.5)] {
         let path = dir.join(format!("{op}.json"));
-        let out = Command::new(env!("CARGO_BIN_EXE_hypercomm"))
+        let out = hypercomm_on_fake_gpu(&dir, 2)
             .args([
                 "bench",
                 "--backend",
@@ -102,10 +91,6 @@ fn sendrecv_and_all_to_all_v_run_on_two_fake_devices() {
             ])
             .args(["--iters", "5", "--overhead-calls", "0"])
             .args(["--json", path.to_str().unwrap()])
-            .env("LD_LIBRARY_PATH", &*dir)
-            .env("NCCL_LIBRARY", &lib)
-            .env("FAKE_GPU_DEVICES", "2")
-            .env("FAKE_NCCL_DIR", dir.join("exchange"))
             .output()
             .unwrap();
         let stdout = text(&out.stdout);

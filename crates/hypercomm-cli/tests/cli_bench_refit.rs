@@ -2,8 +2,8 @@
 
 mod cli_support;
 
-use cli_support::hypercomm;
 use cli_support::scratch::Scratch;
+use cli_support::{hypercomm, json_file};
 
 #[test]
 fn refit_bench_measures_the_plan_against_gather_and_broadcast() {
@@ -45,8 +45,7 @@ fn refit_bench_measures_the_plan_against_gather_and_broadcast() {
     // The refit moves what the engines hold; the baseline that, again, for each engine, plus the gather.
     assert!(bytes("refit ") < bytes("baseline"), "{stdout}");
     assert!(stdout.contains("refit: 0."), "{stdout}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = json_file(&json);
     assert_eq!(doc["refit"]["plan"]["bytes"], bytes("refit "));
     assert_eq!(
         doc["refit"]["baseline"]["seconds"]

@@ -4,7 +4,7 @@
 mod cli_support;
 
 use cli_support::scratch::Scratch;
-use cli_support::{hypercomm, json_output as json};
+use cli_support::{hypercomm, json_file, json_output as json};
 use serde_json::Value;
 
 /// Fails with exit status 2 and one line of error that contains `needle`.
@@ -152,7 +152,7 @@ fn a_sharding_file_in_and_the_whole_plan_out() {
         v["summary"]["needed"], needed,
         "norm whole on each of 4 ranks"
     );
-    let plan: Value = serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
+    let plan = json_file(&plan_path);
     let transfers = plan["transfers"].as_array().unwrap();
     let moved: u64 = transfers
         .iter()

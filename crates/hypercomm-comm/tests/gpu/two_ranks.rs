@@ -6,11 +6,34 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hypercomm_comm::device::Gpu;
 use hypercomm_comm::{CommError, CommOptions, Communicator, NcclOptions, ReduceOp};
+use hypercomm_store::Store;
 
 use crate::device_checks::{self, Counts, watchdog};
 use crate::fake_support::nccl;
 use crate::{on_two_ranks, pair};
+
+/// Rank `rank` of the two-rank communicator `name` with `gpu`, its NCCL kernels bounded to 8 CTAs: twin
+/// communicators of both ranks may run at once on one GPU, and NCCL's docs for several ranks per GPU warn that
+/// too many channels exhaust the SMs and hang.
+fn few_ctas(gpu: &Arc<Gpu>, store: &Arc<dyn Store>, rank: usize, name: &str) -> Communicator {
+    Communicator::with_gpu(
+        Arc::clone(gpu),
+        Arc::clone(store),
+        vec![0, 1],
+        rank,
+        CommOptions {
+            timeout: Duration::from_secs(60),
+            nccl: NcclOptions {
+                max_ctas: Some(8),
+                ..Default::default()
+            },
+            ..CommOptions::named(name)
+        },
+    )
+    .unwrap()
+}
 
 #[test]
 fn two_ranks_run_every_collective() {
@@ -78,23 +101,7 @@ fn two_ranks_overlap_all_gather_and_reduce_scatter_on_twin_communicators() {
         // Four NCCL kernels share the one GPU when both ranks run both twins at once, each with its own channels
         // (one CTA each): NCCL's docs for several ranks per GPU warn that too many channels exhaust the SMs and
         // hang, and advise fewer CTAs. Without a bound this test hung on an H100 with NCCL 2.30.7 (2026-11-23).
-        let few = |name: &str| -> Communicator {
-            Communicator::with_gpu(
-                Arc::clone(&gpu),
-                Arc::clone(&store),
-                vec![0, 1],
-                rank,
-                CommOptions {
-                    timeout: Duration::from_secs(60),
-                    nccl: NcclOptions {
-                        max_ctas: Some(8),
-                        ..Default::default()
-                    },
-                    ..CommOptions::named(name)
-                },
-            )
-            .unwrap()
-        };
+        let few = |name: &str| few_ctas(&gpu, &store, rank, name);
         let dp = few("dp_cp");
         let ag = few("dp_cp_ag");
         device_checks::twins_overlap_in_opposite_orders(&gpu, &ag, &dp, 1 << 20, 10);
@@ -145,23 +152,7 @@ fn two_ranks_issue_operations_in_groups() {
         device_checks::groups::buckets_and_broadcasts(&gpu, &dp, &tp, 4, 1 << 16);
         device_checks::groups::refusals(&gpu, &store, &dp, &tp);
         // Bounded CTAs, as in the overlap test above: both ranks' twins may share one GPU.
-        let few = |name: &str| -> Communicator {
-            Communicator::with_gpu(
-                Arc::clone(&gpu),
-                Arc::clone(&store),
-                vec![0, 1],
-                rank,
-                CommOptions {
-                    timeout: Duration::from_secs(60),
-                    nccl: NcclOptions {
-                        max_ctas: Some(8),
-                        ..Default::default()
-                    },
-                    ..CommOptions::named(name)
-                },
-            )
-            .unwrap()
-        };
+        let few = |name: &str| few_ctas(&gpu, &store, rank, name);
         let (ag, dp_cp) = (few("group-dp_cp_ag"), few("group-dp_cp"));
         device_checks::groups::twins_first_used_in_opposite_orders(&gpu, &ag, &dp_cp);
     });
