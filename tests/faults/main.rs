@@ -506,14 +506,11 @@ fn run(case: &Case) -> Result<Row, String> {
         .env("HC_FAULT_VICTIM", case.victim.to_string())
         .env("HC_FAULT_TIMEOUT_MS", TIMEOUT.as_millis().to_string());
     if let (Some(fake), Some(flights)) = (&fake, &flight_dir) {
-        let mut cmd = Command::new("true");
-        let env = fake_env(case);
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        fake_support::with_fake_env(&mut cmd, fake, &env);
-        for (k, v) in cmd.get_envs() {
-            if let Some(v) = v {
-                launcher = launcher.env(k, v);
-            }
+        for (k, v) in fake_support::fake_vars(fake) {
+            launcher = launcher.env(k, v);
+        }
+        for (k, v) in fake_env(case) {
+            launcher = launcher.env(k, v);
         }
         launcher = launcher.env(hypercomm_comm::device::FLIGHT_RECORDER_DIR_ENV, flights);
     }

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
@@ -51,20 +52,28 @@ impl Drop for FakeDir {
     }
 }
 
-/// Puts `cmd` under the fake: the fake first on the loader path as `libcuda.so`, in `NCCL_LIBRARY`, its exchange
-/// files in `dir`, then `env`. NCCL knobs the fake honours are not inherited: a test sets them in `env`.
-pub fn with_fake_env(cmd: &mut Command, dir: &FakeDir, env: &[(&str, &str)]) {
+/// The variables that put a process under the fake: the fake first on the loader path as `libcuda.so`, in
+/// `NCCL_LIBRARY`, its exchange files in `dir`, and [`UNDER_FAKE`].
+pub fn fake_vars(dir: &FakeDir) -> Vec<(&'static str, OsString)> {
     let mut path = dir.0.clone().into_os_string();
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
         path.push(":");
         path.push(old);
     }
-    cmd.env("LD_LIBRARY_PATH", path)
-        .env("NCCL_LIBRARY", fake_library())
-        .env("FAKE_NCCL_DIR", dir.0.join("exchange"))
+    vec![
+        ("LD_LIBRARY_PATH", path),
+        ("NCCL_LIBRARY", fake_library().into_os_string()),
+        ("FAKE_NCCL_DIR", dir.0.join("exchange").into_os_string()),
+        (UNDER_FAKE, "1".into()),
+    ]
+}
+
+/// Puts `cmd` under the fake ([`fake_vars`]), then sets `env`. NCCL knobs the fake honours are not inherited: a
+/// test sets them in `env`.
+pub fn with_fake_env(cmd: &mut Command, dir: &FakeDir, env: &[(&str, &str)]) {
+    cmd.envs(fake_vars(dir))
         .env_remove("NCCL_MULTI_RANK_GPU_ENABLE")
-        .env_remove("NCCL_RUNTIME_CONNECT")
-        .env(UNDER_FAKE, "1");
+        .env_remove("NCCL_RUNTIME_CONNECT");
     for (k, v) in env {
         cmd.env(k, v);
     }
