@@ -15,11 +15,10 @@
 //! CPU tensors go through the group's communicator as host vectors; CUDA tensors (feature `cuda`) as device
 //! buffers, stream-ordered on candle's stream (copied in, exchanged by NCCL, copied out).
 
-use std::sync::{Arc, Mutex, PoisonError};
-
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 
 use crate::collectives::on_device;
+use crate::error::OpFailure;
 use crate::host::{HostBuf, Pending};
 use crate::{Error, Result, TensorGroup};
 
@@ -73,23 +72,19 @@ impl TensorGroup {
         }
         let mut out_dims = dims.to_vec();
         out_dims[0] = recv_splits.iter().sum();
-        let failure = Arc::new(Mutex::new(None));
+        let failure = OpFailure::default();
         let op = AllToAllV {
             group: self.clone(),
             send_rows: send_splits.to_vec(),
             recv_rows: recv_splits.to_vec(),
             row_len: row.iter().product(),
             out_shape: out_dims.into(),
-            failure: Arc::clone(&failure),
+            failure: failure.clone(),
         };
-        t.contiguous()?.apply_op1(op).map_err(|e| {
-            // The forward's own error, typed, rather than candle's text of it.
-            failure
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-                .unwrap_or(Error::Candle(e))
-        })
+        // The forward's own error, typed, rather than candle's text of it.
+        t.contiguous()?
+            .apply_op1(op)
+            .map_err(|e| failure.take_or(e))
     }
 }
 
@@ -101,8 +96,8 @@ struct AllToAllV {
     /// Elements per row: the product of the dims after the first.
     row_len: usize,
     out_shape: Shape,
-    /// Where a failed forward leaves its error: candle passes errors out of a custom op only as text.
-    failure: Arc<Mutex<Option<Error>>>,
+    /// Where a failed forward leaves its error.
+    failure: OpFailure,
 }
 
 impl AllToAllV {
@@ -113,14 +108,9 @@ impl AllToAllV {
 
     /// `result` for candle, keeping its error for [`TensorGroup::all_to_all_v`].
     fn keep<S>(&self, result: Result<S>) -> candle_core::Result<(S, Shape)> {
-        match result {
-            Ok(storage) => Ok((storage, self.out_shape.clone())),
-            Err(e) => {
-                let text = candle_core::Error::msg(&e);
-                *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
-                Err(text)
-            }
-        }
+        self.failure
+            .keep(result)
+            .map(|storage| (storage, self.out_shape.clone()))
     }
 
     fn host(&self, storage: &CpuStorage, layout: &Layout) -> Result<CpuStorage> {

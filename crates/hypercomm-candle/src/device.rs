@@ -37,8 +37,6 @@
 //! not as candle's text of it: candle passes a custom op's error out only as text, so the op keeps the error
 //! for [`collective`] to return.
 
-use std::sync::{Mutex, PoisonError};
-
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
@@ -47,6 +45,7 @@ use float8::F8E4M3;
 use half::{bf16, f16};
 use hypercomm_comm::{CommError, Communicator, Element};
 
+use crate::error::OpFailure;
 use crate::host::SUPPORTED;
 use crate::kind::Kind;
 use crate::{Error, Result, TensorGroup};
@@ -58,8 +57,8 @@ struct DeviceCollective {
     kind: Kind,
     /// The result's shape.
     shape: Shape,
-    /// Where a failed forward leaves its error: candle passes errors out of a custom op only as text.
-    failure: Mutex<Option<Error>>,
+    /// Where a failed forward leaves its error.
+    failure: OpFailure,
 }
 
 /// Runs `kind` on the CUDA tensor `t` (any layout: it is made contiguous first) and returns the result with
@@ -75,16 +74,12 @@ pub(crate) fn collective(
         group: group.clone(),
         kind,
         shape,
-        failure: Mutex::new(None),
+        failure: OpFailure::default(),
     };
-    t.contiguous()?.apply_op1_no_bwd(&op).map_err(|e| {
-        // The forward's own error, typed, rather than candle's text of it.
-        op.failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .unwrap_or(Error::Candle(e))
-    })
+    // The forward's own error, typed, rather than candle's text of it.
+    t.contiguous()?
+        .apply_op1_no_bwd(&op)
+        .map_err(|e| op.failure.take_or(e))
 }
 
 /// An element type that candle's CUDA storage and a hypercomm device buffer share.
@@ -156,14 +151,9 @@ impl CustomOp1 for DeviceCollective {
         storage: &CudaStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        match cuda_fwd(&self.group, self.kind, storage, layout) {
-            Ok(s) => Ok((s, self.shape.clone())),
-            Err(e) => {
-                let text = candle_core::Error::msg(&e);
-                *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
-                Err(text)
-            }
-        }
+        self.failure
+            .keep(cuda_fwd(&self.group, self.kind, storage, layout))
+            .map(|s| (s, self.shape.clone()))
     }
 }
 

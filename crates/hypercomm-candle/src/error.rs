@@ -3,6 +3,8 @@
 //! Every variant names the group and the value that was wrong. Inside candle's own traits (custom ops, `Module`)
 //! these errors travel as `candle_core::Error::Wrapped`, so their text survives; [`Error::into_candle`] does that.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use hypercomm_comm::CommError;
 use process_group_collection::CollectionError;
 
@@ -85,3 +87,29 @@ impl Error {
 
 /// A result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where a candle custom op leaves the error of a failed forward: candle passes an op's error out only as text, so
+/// the op keeps the typed one here ([`keep`](Self::keep)) and the caller of `apply_op` takes it back
+/// ([`take_or`](Self::take_or)). Clones share the slot, for ops that candle takes by value.
+#[derive(Clone, Default)]
+pub(crate) struct OpFailure(Arc<Mutex<Option<Error>>>);
+
+impl OpFailure {
+    /// `result` as candle wants it: a failure as its text, the typed error kept.
+    pub(crate) fn keep<T>(&self, result: Result<T>) -> candle_core::Result<T> {
+        result.map_err(|e| {
+            let text = candle_core::Error::msg(&e);
+            *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+            text
+        })
+    }
+
+    /// The error the op kept, or candle's own `e` when the op kept none (the failure was candle's).
+    pub(crate) fn take_or(&self, e: candle_core::Error) -> Error {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .unwrap_or(Error::Candle(e))
+    }
+}
